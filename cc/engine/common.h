@@ -1,0 +1,125 @@
+// Types shared by the engine, the transports and the TF adapter.
+//
+// Nothing here depends on TensorFlow or MPI: the engine is framework-free,
+// the TF kernels (cc/kernels) translate to and from these types.
+
+#ifndef MPISTRATEGY_CC_ENGINE_COMMON_H_
+#define MPISTRATEGY_CC_ENGINE_COMMON_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace mpistrategy {
+
+// Error codes mirror tensorflow::error::Code so the adapter maps 1:1.
+enum class StatusCode : int {
+  kOk = 0,
+  kUnknown = 2,
+  kInvalidArgument = 3,
+  kDeadlineExceeded = 4,
+  kFailedPrecondition = 9,
+  kAborted = 10,
+  kUnimplemented = 12,
+  kInternal = 13,
+  kUnavailable = 14,
+};
+
+// A cheap value type: OK, or a code plus a message meant for the user.
+class Status {
+ public:
+  Status() = default;
+  Status(StatusCode code, std::string message)
+      : code_(code), message_(std::move(message)) {}
+
+  static Status Ok() { return Status(); }
+  static Status InvalidArgument(std::string m) {
+    return Status(StatusCode::kInvalidArgument, std::move(m));
+  }
+  static Status FailedPrecondition(std::string m) {
+    return Status(StatusCode::kFailedPrecondition, std::move(m));
+  }
+  static Status DeadlineExceeded(std::string m) {
+    return Status(StatusCode::kDeadlineExceeded, std::move(m));
+  }
+  static Status Aborted(std::string m) {
+    return Status(StatusCode::kAborted, std::move(m));
+  }
+  static Status Unavailable(std::string m) {
+    return Status(StatusCode::kUnavailable, std::move(m));
+  }
+  static Status Unimplemented(std::string m) {
+    return Status(StatusCode::kUnimplemented, std::move(m));
+  }
+  static Status Internal(std::string m) {
+    return Status(StatusCode::kInternal, std::move(m));
+  }
+
+  bool ok() const { return code_ == StatusCode::kOk; }
+  StatusCode code() const { return code_; }
+  const std::string& message() const { return message_; }
+  std::string ToString() const;
+
+ private:
+  StatusCode code_ = StatusCode::kOk;
+  std::string message_;
+};
+
+#define MPISTRATEGY_RETURN_IF_ERROR(expr)          \
+  do {                                             \
+    ::mpistrategy::Status status_ = (expr);        \
+    if (!status_.ok()) return status_;             \
+  } while (0)
+
+// Element types the engine can move and reduce.  Values are part of the wire
+// format: append, never renumber.
+enum class DataType : uint8_t {
+  kUint8 = 0,
+  kInt8 = 1,
+  kBool = 2,
+  kInt32 = 3,
+  kInt64 = 4,
+  kFloat16 = 5,
+  kBFloat16 = 6,
+  kFloat32 = 7,
+  kFloat64 = 8,
+};
+
+// Size of one element in bytes.
+int64_t DataTypeSize(DataType dtype);
+// "float32", "int64", ... (numpy / TF spelling).
+const char* DataTypeName(DataType dtype);
+
+// Reduction applied element-wise across ranks.  kMean is kSum followed by a
+// division by the world size (floating dtypes only).
+enum class ReduceOp : uint8_t {
+  kSum = 0,
+  kMean = 1,
+  kMin = 2,
+  kMax = 3,
+  kProduct = 4,
+};
+const char* ReduceOpName(ReduceOp op);
+
+enum class CollectiveType : uint8_t {
+  kAllreduce = 0,
+  kAllgather = 1,
+  kBroadcast = 2,
+  kReducescatter = 3,
+  kAlltoall = 4,
+  kBarrier = 5,
+};
+const char* CollectiveTypeName(CollectiveType type);
+
+// Where a tensor lives.  kCpu tensors go through MPI, GPU tensors through
+// NCCL (or MPI with host staging when NCCL cannot be used).
+constexpr int32_t kCpuDevice = -1;
+
+using Shape = std::vector<int64_t>;
+int64_t NumElements(const Shape& shape);
+std::string ShapeString(const Shape& shape);  // "[2, 3]"
+
+}  // namespace mpistrategy
+
+#endif  // MPISTRATEGY_CC_ENGINE_COMMON_H_

@@ -1,0 +1,49 @@
+// Engine configuration.  Filled in by Python (mpistrategy/options.py resolves
+// defaults and MPISTRATEGY_* environment overrides); C++ never reads the
+// environment.
+
+#ifndef MPISTRATEGY_CC_ENGINE_CONFIG_H_
+#define MPISTRATEGY_CC_ENGINE_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "cc/engine/common.h"
+
+namespace mpistrategy {
+
+struct EngineConfig {
+  // Ready allreduces of the same kind are packed into one buffer of at most
+  // this many bytes.  0 disables fusion.
+  int64_t fusion_threshold_bytes = 64 << 20;
+
+  // How long the background thread sleeps when it has nothing to do before it
+  // joins an (empty) negotiation cycle anyway.  Enqueueing a tensor wakes it
+  // immediately, so this is not a latency floor; it bounds how stale the
+  // stall inspector's view of other ranks can get.
+  double cycle_time_ms = 1.0;
+
+  // Number of negotiated collectives remembered for the bit-vector fast path.
+  int32_t cache_capacity = 1024;
+
+  // A tensor some ranks submitted and others did not for this long is logged
+  // with the missing ranks.  0 disables the warning.
+  double stall_warning_seconds = 60.0;
+
+  // ... and after this long it fails with DeadlineExceeded on the ranks that
+  // submitted it.  0 (the default) waits forever, as MPI does.
+  double stall_timeout_seconds = 0.0;
+
+  // Chrome-trace JSON written by rank 0's engine; empty disables it.
+  std::string timeline_path;
+
+  // GPU tensors: NCCL inside a node, MPI between nodes.
+  bool hierarchical_allreduce = false;
+
+  // Validates the fields; the message names the offending field.
+  Status Validate() const;
+};
+
+}  // namespace mpistrategy
+
+#endif  // MPISTRATEGY_CC_ENGINE_CONFIG_H_

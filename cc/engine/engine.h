@@ -1,0 +1,102 @@
+// The collective engine: one background thread per process that negotiates,
+// fuses and executes collectives.  Framework-free; the TF kernels submit
+// TensorEntry objects and get a callback.
+//
+// Why a background thread: TensorFlow runs independent ops in whatever order
+// its executor picks, so two ranks can reach the same pair of collectives in
+// opposite orders.  Kernels therefore never call the transport themselves.
+// They enqueue, and the engine's thread, in lock-step with the other ranks'
+// engines, decides which tensors are ready everywhere and in which order they
+// run (see negotiator.h for the protocol).
+
+#ifndef MPISTRATEGY_CC_ENGINE_ENGINE_H_
+#define MPISTRATEGY_CC_ENGINE_ENGINE_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cc/engine/common.h"
+#include "cc/engine/config.h"
+#include "cc/transport/transport.h"
+
+namespace mpistrategy {
+
+// One tensor submitted to one collective on this rank.
+struct TensorEntry {
+  CollectiveType type = CollectiveType::kAllreduce;
+  // Identifies the collective across ranks: every rank submits the same name,
+  // and a name may be in flight only once per rank.
+  std::string name;
+  DataType dtype = DataType::kFloat32;
+  Shape shape;                         // of `input`
+  ReduceOp reduce_op = ReduceOp::kSum;  // allreduce, reducescatter
+  int32_t root_rank = 0;               // broadcast
+  // alltoall: rows (first-dimension slices) sent to each rank; empty means
+  // an even split.
+  std::vector<int64_t> splits;
+  int32_t device = kCpuDevice;
+
+  // Not owned; valid until `done` runs.  May be null for 0-size tensors.
+  const void* input = nullptr;
+  // Preallocated output for allreduce and broadcast (same shape as input).
+  // Not owned; valid until `done` runs.
+  void* output = nullptr;
+  // For collectives whose output shape is only known after negotiation
+  // (allgather, reducescatter, alltoall): called once, from the engine
+  // thread, with the final shape; must set *data to a buffer of that size.
+  std::function<Status(const Shape& shape, void** data)> allocate_output;
+  // alltoall: called with the rows received from each rank, before `done`.
+  std::function<void(const std::vector<int64_t>& received_splits)>
+      set_received_splits;
+
+  // Called exactly once, from the engine thread (or from Enqueue itself when
+  // the entry is rejected), after the output is written or with the error.
+  std::function<void(const Status&)> done;
+};
+
+class Engine {
+ public:
+  // Validates `config`, takes ownership of `transport` and starts the
+  // background thread.
+  static Status Create(const EngineConfig& config,
+                       std::unique_ptr<Transport> transport,
+                       std::unique_ptr<Engine>* engine);
+
+  // Fails every pending entry with Aborted and joins the thread.  Tells the
+  // other ranks' engines, which fail their pending entries too.
+  ~Engine();
+
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Thread-safe.  Validates the entry locally (InvalidArgument: dtype/op
+  // combination, root rank range, splits, duplicate name in flight) and
+  // queues it.  On a local validation error `done` has been called with it
+  // and the same Status is returned.  After a fatal error (a remote rank
+  // failed, a stall timed out under a shutdown, the transport broke) every
+  // Enqueue fails fast with that sticky error.
+  Status Enqueue(TensorEntry entry);
+
+  // Asks every rank's engine to stop: pending and future entries fail with
+  // Aborted carrying `reason` (e.g. "rank 1 raised ValueError: ...").
+  // Returns once this rank's engine has told the others, or after
+  // `timeout_seconds`.
+  void Abort(const std::string& reason, double timeout_seconds);
+
+  int rank() const;
+  int size() const;
+  int local_rank() const;
+  int local_size() const;
+  const EngineConfig& config() const;
+
+ private:
+  Engine() = default;
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mpistrategy
+
+#endif  // MPISTRATEGY_CC_ENGINE_ENGINE_H_
