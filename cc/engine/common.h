@@ -120,6 +120,21 @@ using Shape = std::vector<int64_t>;
 int64_t NumElements(const Shape& shape);
 std::string ShapeString(const Shape& shape);  // "[2, 3]"
 
+// ---- Helpers added by the engine (not part of the frozen interface) -----
+
+// True when the value is one of the enumerators above (wire input checks).
+bool IsValidDataType(DataType dtype);
+bool IsValidReduceOp(ReduceOp op);
+bool IsValidCollectiveType(CollectiveType type);
+// float16, bfloat16, float32, float64.
+bool IsFloatingDataType(DataType dtype);
+// "cpu" for kCpuDevice, "gpu:N" otherwise.
+std::string DeviceString(int32_t device);
+// "[0, 2]".
+std::string RanksString(const std::vector<int>& ranks);
+// Seconds for messages: "61", "30", "0.5".
+std::string FormatSeconds(double seconds);
+
 }  // namespace mpistrategy
 
 #endif  // MPISTRATEGY_CC_ENGINE_COMMON_H_

@@ -56,6 +56,17 @@ struct TensorEntry {
   std::function<void(const Status&)> done;
 };
 
+// Counters for tests and diagnostics (added by the engine engineer; not
+// part of the original frozen interface).  Monotonic since Create.
+struct EngineStats {
+  int64_t cycles = 0;          // negotiation cycles run
+  int64_t slow_cycles = 0;     // cycles that took the coordinator path
+  int64_t fast_responses = 0;  // responses taken from the cache bits
+  int64_t slow_responses = 0;  // responses sent by the coordinator
+  int64_t buckets = 0;         // transport calls for collectives
+  int64_t fused_buckets = 0;   // ... of which packed more than one tensor
+};
+
 class Engine {
  public:
   // Validates `config`, takes ownership of `transport` and starts the
@@ -66,6 +77,12 @@ class Engine {
 
   // Fails every pending entry with Aborted and joins the thread.  Tells the
   // other ranks' engines, which fail their pending entries too.
+  //
+  // Runs one last negotiation cycle with the other ranks (their engine
+  // threads keep cycling in the background, so they join it), unless the
+  // engine already stopped (remote shutdown, Abort, transport error).  Must
+  // not be called from a `done` callback (that runs on the engine thread).
+  // No Enqueue may run concurrently with or after the destructor.
   ~Engine();
 
   Engine(const Engine&) = delete;
@@ -90,6 +107,9 @@ class Engine {
   int local_rank() const;
   int local_size() const;
   const EngineConfig& config() const;
+
+  // Thread-safe snapshot of the counters.
+  EngineStats stats() const;
 
  private:
   Engine() = default;

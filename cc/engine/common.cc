@@ -1,0 +1,176 @@
+#include "cc/engine/common.h"
+
+#include <cstdio>
+
+namespace mpistrategy {
+
+namespace {
+
+const char* StatusCodeName(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kUnknown:
+      return "UNKNOWN";
+    case StatusCode::kInvalidArgument:
+      return "INVALID_ARGUMENT";
+    case StatusCode::kDeadlineExceeded:
+      return "DEADLINE_EXCEEDED";
+    case StatusCode::kFailedPrecondition:
+      return "FAILED_PRECONDITION";
+    case StatusCode::kAborted:
+      return "ABORTED";
+    case StatusCode::kUnimplemented:
+      return "UNIMPLEMENTED";
+    case StatusCode::kInternal:
+      return "INTERNAL";
+    case StatusCode::kUnavailable:
+      return "UNAVAILABLE";
+  }
+  return "UNKNOWN";
+}
+
+}  // namespace
+
+std::string Status::ToString() const {
+  if (ok()) return "OK";
+  return std::string(StatusCodeName(code_)) + ": " + message_;
+}
+
+int64_t DataTypeSize(DataType dtype) {
+  switch (dtype) {
+    case DataType::kUint8:
+    case DataType::kInt8:
+    case DataType::kBool:
+      return 1;
+    case DataType::kFloat16:
+    case DataType::kBFloat16:
+      return 2;
+    case DataType::kInt32:
+    case DataType::kFloat32:
+      return 4;
+    case DataType::kInt64:
+    case DataType::kFloat64:
+      return 8;
+  }
+  return 0;
+}
+
+const char* DataTypeName(DataType dtype) {
+  switch (dtype) {
+    case DataType::kUint8:
+      return "uint8";
+    case DataType::kInt8:
+      return "int8";
+    case DataType::kBool:
+      return "bool";
+    case DataType::kInt32:
+      return "int32";
+    case DataType::kInt64:
+      return "int64";
+    case DataType::kFloat16:
+      return "float16";
+    case DataType::kBFloat16:
+      return "bfloat16";
+    case DataType::kFloat32:
+      return "float32";
+    case DataType::kFloat64:
+      return "float64";
+  }
+  return "unknown_dtype";
+}
+
+bool IsValidDataType(DataType dtype) {
+  return static_cast<uint8_t>(dtype) <= static_cast<uint8_t>(DataType::kFloat64);
+}
+
+bool IsFloatingDataType(DataType dtype) {
+  return dtype == DataType::kFloat16 || dtype == DataType::kBFloat16 ||
+         dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
+}
+
+const char* ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMean:
+      return "mean";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kProduct:
+      return "product";
+  }
+  return "unknown_op";
+}
+
+bool IsValidReduceOp(ReduceOp op) {
+  return static_cast<uint8_t>(op) <= static_cast<uint8_t>(ReduceOp::kProduct);
+}
+
+const char* CollectiveTypeName(CollectiveType type) {
+  switch (type) {
+    case CollectiveType::kAllreduce:
+      return "allreduce";
+    case CollectiveType::kAllgather:
+      return "allgather";
+    case CollectiveType::kBroadcast:
+      return "broadcast";
+    case CollectiveType::kReducescatter:
+      return "reducescatter";
+    case CollectiveType::kAlltoall:
+      return "alltoall";
+    case CollectiveType::kBarrier:
+      return "barrier";
+  }
+  return "unknown_collective";
+}
+
+bool IsValidCollectiveType(CollectiveType type) {
+  return static_cast<uint8_t>(type) <=
+         static_cast<uint8_t>(CollectiveType::kBarrier);
+}
+
+std::string DeviceString(int32_t device) {
+  if (device == kCpuDevice) return "cpu";
+  return "gpu:" + std::to_string(device);
+}
+
+int64_t NumElements(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string ShapeString(const Shape& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  s += "]";
+  return s;
+}
+
+std::string RanksString(const std::vector<int>& ranks) {
+  std::string s = "[";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(ranks[i]);
+  }
+  s += "]";
+  return s;
+}
+
+std::string FormatSeconds(double seconds) {
+  char buf[64];
+  if (seconds >= 10.0 || seconds == static_cast<int64_t>(seconds)) {
+    std::snprintf(buf, sizeof(buf), "%.0f", seconds);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.2g", seconds);
+  }
+  return buf;
+}
+
+}  // namespace mpistrategy

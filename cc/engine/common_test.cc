@@ -1,0 +1,97 @@
+#include <cmath>
+#include <limits>
+
+#include "cc/engine/common.h"
+#include "cc/engine/config.h"
+#include "cc/engine/float16.h"
+#include "cc/engine/reduce_kernels.h"
+#include "cc/testing/test.h"
+
+namespace mpistrategy {
+namespace {
+
+TEST(Common, NamesAndSizes) {
+  EXPECT_EQ(DataTypeSize(DataType::kBFloat16), 2);
+  EXPECT_EQ(DataTypeSize(DataType::kInt64), 8);
+  EXPECT_STREQ(DataTypeName(DataType::kFloat16), "float16");
+  EXPECT_STREQ(ReduceOpName(ReduceOp::kProduct), "product");
+  EXPECT_STREQ(CollectiveTypeName(CollectiveType::kReducescatter),
+               "reducescatter");
+  EXPECT_EQ(ShapeString({2, 3}), "[2, 3]");
+  EXPECT_EQ(ShapeString({}), "[]");
+  EXPECT_EQ(NumElements({}), 1);
+  EXPECT_EQ(NumElements({4, 0}), 0);
+  EXPECT_EQ(Status::Aborted("x").ToString(), "ABORTED: x");
+  EXPECT_EQ(Status::Ok().ToString(), "OK");
+  EXPECT_EQ(FormatSeconds(61.4), "61");
+  EXPECT_EQ(FormatSeconds(0.5), "0.5");
+}
+
+TEST(Common, ConfigValidation) {
+  EXPECT_TRUE(EngineConfig().Validate().ok());
+  EngineConfig c;
+  c.cycle_time_ms = -1;
+  Status s = c.Validate();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "EngineConfig.cycle_time_ms must be a finite number > 0, got -1");
+}
+
+TEST(Float16, HalfRoundTripAndRounding) {
+  // Every finite half round-trips exactly.
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const uint16_t bits = static_cast<uint16_t>(h);
+    const float f = HalfToFloat(bits);
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalf(f))));
+      continue;
+    }
+    ASSERT_EQ(FloatToHalf(f), bits) << "half bits " << h;
+  }
+  EXPECT_EQ(HalfToFloat(FloatToHalf(65504.0f)), 65504.0f);
+  EXPECT_TRUE(std::isinf(HalfToFloat(FloatToHalf(65520.0f))));
+  EXPECT_EQ(HalfToFloat(FloatToHalf(65519.0f)), 65504.0f);
+  // 1 + 2^-11 is halfway between 1 and 1 + 2^-10: ties to even (1).
+  EXPECT_EQ(HalfToFloat(FloatToHalf(1.0f + 1.0f / 2048)), 1.0f);
+  // 1 + 3 * 2^-11 ties to 1 + 2^-9 (even mantissa).
+  EXPECT_EQ(HalfToFloat(FloatToHalf(1.0f + 3.0f / 2048)), 1.0f + 4.0f / 2048);
+  // Subnormals: smallest is 2^-24; half of it ties to zero.
+  EXPECT_EQ(HalfToFloat(FloatToHalf(std::ldexp(1.0f, -24))), std::ldexp(1.0f, -24));
+  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -25)), 0);
+  EXPECT_EQ(FloatToHalf(-0.0f), 0x8000);
+}
+
+TEST(Float16, BFloat16Rounding) {
+  for (uint32_t h = 0; h < 0x10000; h += 7) {
+    const uint16_t bits = static_cast<uint16_t>(h);
+    const float f = BFloat16ToFloat(bits);
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(FloatToBFloat16(f), bits);
+  }
+  // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even.
+  EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(1.0f + 1.0f / 256)), 1.0f);
+  EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(1.0f + 3.0f / 256)), 1.0f + 4.0f / 256);
+  EXPECT_TRUE(std::isnan(BFloat16ToFloat(
+      FloatToBFloat16(std::numeric_limits<float>::quiet_NaN()))));
+}
+
+TEST(ReduceKernels, BoolAndDivide) {
+  uint8_t a[4] = {0, 1, 0, 1};
+  uint8_t b[4] = {0, 0, 1, 1};
+  uint8_t c[4];
+  std::copy(b, b + 4, c);
+  ReduceInto(DataType::kBool, ReduceOp::kSum, a, c, 4);
+  EXPECT_EQ(c[0] + 2 * c[1] + 4 * c[2] + 8 * c[3], 14);
+  std::copy(b, b + 4, c);
+  ReduceInto(DataType::kBool, ReduceOp::kProduct, a, c, 4);
+  EXPECT_EQ(c[0] + 2 * c[1] + 4 * c[2] + 8 * c[3], 8);
+  float f[2] = {3, 9};
+  EXPECT_TRUE(DivideInPlace(DataType::kFloat32, f, 2, 3).ok());
+  EXPECT_EQ(f[1], 3.0f);
+  int32_t i[1] = {3};
+  EXPECT_EQ(DivideInPlace(DataType::kInt32, i, 1, 3).code(),
+            StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace mpistrategy

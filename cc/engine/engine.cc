@@ -1,0 +1,637 @@
+// Engine: the background thread that runs the negotiation cycles described
+// in negotiator.h, plus Enqueue-time validation.
+//
+// Threading: Enqueue/Abort/stats may be called from any thread; they touch
+// only the state guarded by `mu_`.  Everything else (pending table, response
+// cache, negotiator, executor, transport) belongs to the engine thread.
+// `done` callbacks run on the engine thread without `mu_` held, so they may
+// call Enqueue again (TF does, for the next step).
+
+#include "cc/engine/engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <limits>
+#include <list>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+#include "cc/engine/executor.h"
+#include "cc/engine/fusion.h"
+#include "cc/engine/logging.h"
+#include "cc/engine/message.h"
+#include "cc/engine/negotiator.h"
+#include "cc/engine/response_cache.h"
+#include "cc/engine/stall_inspector.h"
+
+namespace mpistrategy {
+
+namespace {
+
+struct PendingEntry {
+  TensorEntry entry;
+  Request request;
+  double enqueued_seconds = 0.0;
+  // Sent to the coordinator in a slow cycle; from then on only a response
+  // from the coordinator completes it.
+  bool announced = false;
+};
+
+std::string Describe(const TensorEntry& e) {
+  return std::string(CollectiveTypeName(e.type)) + " \"" + e.name + "\"";
+}
+
+// Local misuse, checked before anything is queued.
+Status ValidateEntry(const TensorEntry& e, int rank, int size) {
+  if (e.name.empty()) {
+    return Status::InvalidArgument("collective name must not be empty");
+  }
+  if (!IsValidCollectiveType(e.type)) {
+    return Status::InvalidArgument("\"" + e.name +
+                                   "\": unknown collective type " +
+                                   std::to_string(static_cast<int>(e.type)));
+  }
+  if (!e.done) {
+    return Status::InvalidArgument(Describe(e) + ": `done` must be set");
+  }
+  if (e.type == CollectiveType::kBarrier) return Status::Ok();
+  if (!IsValidDataType(e.dtype)) {
+    return Status::InvalidArgument(Describe(e) + ": unknown dtype " +
+                                   std::to_string(static_cast<int>(e.dtype)));
+  }
+  if (!IsValidReduceOp(e.reduce_op)) {
+    return Status::InvalidArgument(
+        Describe(e) + ": unknown reduce op " +
+        std::to_string(static_cast<int>(e.reduce_op)));
+  }
+  for (int64_t d : e.shape) {
+    if (d < 0) {
+      return Status::InvalidArgument(Describe(e) + ": shape " +
+                                     ShapeString(e.shape) +
+                                     " has a negative dimension");
+    }
+  }
+  const int64_t bytes = NumElements(e.shape) * DataTypeSize(e.dtype);
+  const bool reduces = e.type == CollectiveType::kAllreduce ||
+                       e.type == CollectiveType::kReducescatter;
+  if (reduces && e.reduce_op == ReduceOp::kMean &&
+      !IsFloatingDataType(e.dtype)) {
+    return Status::InvalidArgument(
+        Describe(e) + ": reduce_op mean needs a floating dtype (float16, "
+        "bfloat16, float32, float64), got " + DataTypeName(e.dtype) +
+        "; use sum and divide");
+  }
+  const bool needs_dim0 = e.type == CollectiveType::kAllgather ||
+                          e.type == CollectiveType::kReducescatter ||
+                          e.type == CollectiveType::kAlltoall;
+  if (needs_dim0 && e.shape.empty()) {
+    return Status::InvalidArgument(
+        Describe(e) + ": the input must have at least one dimension (it is "
+        "split or concatenated along dimension 0), got a scalar");
+  }
+  if (needs_dim0 && !e.allocate_output) {
+    return Status::InvalidArgument(Describe(e) +
+                                   ": `allocate_output` must be set");
+  }
+  if (e.type == CollectiveType::kBroadcast &&
+      (e.root_rank < 0 || e.root_rank >= size)) {
+    return Status::InvalidArgument(
+        Describe(e) + ": root_rank must be in [0, " + std::to_string(size) +
+        "), got " + std::to_string(e.root_rank));
+  }
+  const bool needs_output = e.type == CollectiveType::kAllreduce ||
+                            e.type == CollectiveType::kBroadcast;
+  if (needs_output && bytes > 0 && e.output == nullptr) {
+    return Status::InvalidArgument(Describe(e) + ": `output` is null");
+  }
+  const bool needs_input =
+      e.type != CollectiveType::kBroadcast || e.root_rank == rank;
+  if (needs_input && bytes > 0 && e.input == nullptr) {
+    return Status::InvalidArgument(Describe(e) + ": `input` is null");
+  }
+  if (e.type == CollectiveType::kAlltoall && !e.splits.empty()) {
+    if (static_cast<int>(e.splits.size()) != size) {
+      return Status::InvalidArgument(
+          Describe(e) + ": splits must have one entry per rank (" +
+          std::to_string(size) + "), got " +
+          std::to_string(e.splits.size()));
+    }
+    int64_t sum = 0;
+    for (int64_t s : e.splits) {
+      if (s < 0) {
+        return Status::InvalidArgument(Describe(e) +
+                                       ": splits must be >= 0, got " +
+                                       ShapeString(e.splits));
+      }
+      sum += s;
+    }
+    if (sum != e.shape[0]) {
+      return Status::InvalidArgument(
+          Describe(e) + ": splits " + ShapeString(e.splits) + " sum to " +
+          std::to_string(sum) + " but the first dimension of the input is " +
+          std::to_string(e.shape[0]));
+    }
+  } else if (e.type == CollectiveType::kAlltoall && e.shape[0] % size != 0) {
+    return Status::InvalidArgument(
+        Describe(e) + ": without splits the first dimension (" +
+        std::to_string(e.shape[0]) + ") must be divisible by the number of "
+        "ranks (" + std::to_string(size) + ")");
+  }
+  return Status::Ok();
+}
+
+// The request this rank announces for a validated entry.  Fields that do not
+// apply to the collective are normalised so that comparisons ignore them.
+Request MakeRequest(const TensorEntry& e, int rank, int size) {
+  Request q;
+  q.rank = rank;
+  q.type = e.type;
+  q.name = e.name;
+  q.device = e.device;
+  if (e.type == CollectiveType::kBarrier) return q;
+  q.dtype = e.dtype;
+  q.shape = e.shape;
+  if (e.type == CollectiveType::kAllreduce ||
+      e.type == CollectiveType::kReducescatter) {
+    q.reduce_op = e.reduce_op;
+  }
+  if (e.type == CollectiveType::kBroadcast) q.root_rank = e.root_rank;
+  if (e.type == CollectiveType::kAlltoall) {
+    if (e.splits.empty()) {
+      q.splits.assign(size, e.shape[0] / size);
+    } else {
+      q.splits = e.splits;
+    }
+  }
+  return q;
+}
+
+}  // namespace
+
+class Engine::Impl {
+ public:
+  Impl(const EngineConfig& config, std::unique_ptr<Transport> transport);
+  ~Impl();
+
+  void Start() { thread_ = std::thread([this] { Loop(); }); }
+  Status Enqueue(TensorEntry entry);
+  void Abort(const std::string& reason, double timeout_seconds);
+  EngineStats stats() const;
+
+  const EngineConfig config_;
+  const std::unique_ptr<Transport> transport_;
+  const int rank_;
+  const int size_;
+
+ private:
+  using PendingIter = std::list<PendingEntry>::iterator;
+
+  void Loop();
+  // One negotiation cycle; false when the loop must stop.
+  bool RunCycle();
+  bool SlowPath(bool want_shutdown, const std::string& shutdown_reason);
+  // Runs the cycle's responses (errors, then fused buckets in plan order).
+  bool ExecuteResponses(const std::vector<const Response*>& responses);
+  // Removes the entry from the tables, then calls its `done`.
+  void Finish(PendingIter it, const Status& status);
+  // Makes `suffix` the sticky error (unless one is set) and returns false.
+  bool Fatal(StatusCode code, const std::string& suffix);
+  Status StickyStatusFor(const std::string& name) const;  // requires mu_
+
+  // ---- shared, guarded by mu_ ------------------------------------------
+  mutable std::mutex mu_;
+  std::condition_variable wake_cv_;     // engine thread waits here
+  std::condition_variable stopped_cv_;  // Abort waits here
+  std::vector<PendingEntry> incoming_;
+  std::unordered_set<std::string> in_flight_;
+  bool shutdown_requested_ = false;
+  std::string shutdown_reason_;
+  bool stopped_ = false;
+  StatusCode sticky_code_ = StatusCode::kOk;
+  std::string sticky_suffix_;  // "was aborted because ..."
+
+  // ---- engine thread only ------------------------------------------------
+  std::list<PendingEntry> pending_;
+  std::unordered_map<std::string, PendingIter> by_name_;
+  ResponseCache cache_;
+  std::unique_ptr<Negotiator> negotiator_;  // rank 0 only
+  Executor executor_;
+  Clock clock_;
+  double announce_after_seconds_;
+  // Reused every cycle so that steady-state cycles do not allocate.
+  std::vector<PendingEntry> drained_;
+  std::vector<uint64_t> bits_;
+  std::vector<const Response*> responses_;
+  std::vector<const Response*> ok_responses_;
+  std::vector<PendingIter> ok_entries_;
+  std::vector<int64_t> ok_bytes_;
+  std::vector<const Response*> bucket_responses_;
+  std::vector<TensorEntry*> bucket_entries_;
+  std::vector<Status> bucket_status_;
+  std::string bytes_;
+  std::vector<std::string> gathered_;
+
+  std::atomic<int64_t> cycles_{0};
+  std::atomic<int64_t> slow_cycles_{0};
+  std::atomic<int64_t> fast_responses_{0};
+  std::atomic<int64_t> slow_responses_{0};
+  std::atomic<int64_t> buckets_{0};
+  std::atomic<int64_t> fused_buckets_{0};
+
+  std::thread thread_;
+};
+
+Engine::Impl::Impl(const EngineConfig& config,
+                   std::unique_ptr<Transport> transport)
+    : config_(config),
+      transport_(std::move(transport)),
+      rank_(transport_->rank()),
+      size_(transport_->size()),
+      cache_(config.cache_capacity),
+      executor_(transport_.get()),
+      clock_(SteadyClockSeconds) {
+  StallInspector stall(config.stall_warning_seconds,
+                       config.stall_timeout_seconds);
+  if (rank_ == 0) {
+    negotiator_.reset(new Negotiator(size_, stall, clock_));
+  }
+  // A cached request whose bit keeps failing the AND (some rank has not
+  // submitted it) is eventually announced, so the coordinator's stall
+  // inspector can see it.
+  announce_after_seconds_ = std::numeric_limits<double>::infinity();
+  if (stall.enabled()) {
+    announce_after_seconds_ = 5.0;
+    if (config.stall_warning_seconds > 0) {
+      announce_after_seconds_ =
+          std::min(announce_after_seconds_, config.stall_warning_seconds / 4);
+    }
+    if (config.stall_timeout_seconds > 0) {
+      announce_after_seconds_ =
+          std::min(announce_after_seconds_, config.stall_timeout_seconds / 4);
+    }
+  }
+}
+
+Engine::Impl::~Impl() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stopped_ && !shutdown_requested_) shutdown_requested_ = true;
+  }
+  wake_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+Status Engine::Impl::Enqueue(TensorEntry entry) {
+  Status status = ValidateEntry(entry, rank_, size_);
+  if (status.ok()) {
+    PendingEntry p;
+    p.request = MakeRequest(entry, rank_, size_);
+    p.enqueued_seconds = clock_();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopped_) {
+        status = StickyStatusFor(entry.name);
+      } else if (shutdown_requested_) {
+        status = Status::Aborted(
+            "mpistrategy: collective \"" + entry.name +
+            "\" was aborted because rank " + std::to_string(rank_) +
+            " stopped: " +
+            (shutdown_reason_.empty()
+                 ? "rank " + std::to_string(rank_) + " shut down"
+                 : shutdown_reason_));
+      } else if (!in_flight_.insert(entry.name).second) {
+        status = Status::InvalidArgument(
+            Describe(entry) + " is already in flight on rank " +
+            std::to_string(rank_) +
+            "; a name may be submitted again only after the previous "
+            "collective with that name completed");
+      } else {
+        p.entry = std::move(entry);
+        incoming_.push_back(std::move(p));
+      }
+    }
+    if (status.ok()) {
+      wake_cv_.notify_one();
+      return status;
+    }
+  }
+  // Rejected: `entry` was not moved from.
+  if (entry.done) entry.done(status);
+  return status;
+}
+
+void Engine::Impl::Abort(const std::string& reason, double timeout_seconds) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!stopped_ && !shutdown_requested_) {
+    shutdown_requested_ = true;
+    shutdown_reason_ = reason;
+  }
+  wake_cv_.notify_all();
+  stopped_cv_.wait_for(
+      lock, std::chrono::duration<double>(std::max(0.0, timeout_seconds)),
+      [this] { return stopped_; });
+}
+
+EngineStats Engine::Impl::stats() const {
+  EngineStats s;
+  s.cycles = cycles_.load();
+  s.slow_cycles = slow_cycles_.load();
+  s.fast_responses = fast_responses_.load();
+  s.slow_responses = slow_responses_.load();
+  s.buckets = buckets_.load();
+  s.fused_buckets = fused_buckets_.load();
+  return s;
+}
+
+Status Engine::Impl::StickyStatusFor(const std::string& name) const {
+  return Status(sticky_code_,
+                "mpistrategy: collective \"" + name + "\" " + sticky_suffix_);
+}
+
+void Engine::Impl::Loop() {
+  while (RunCycle()) {
+  }
+  // Stopped: fail everything still pending or queued with the sticky error.
+  std::vector<PendingEntry> late;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (sticky_code_ == StatusCode::kOk) {
+      sticky_code_ = StatusCode::kAborted;
+      sticky_suffix_ = "was aborted because the engine stopped";
+    }
+    stopped_ = true;
+    late.swap(incoming_);
+  }
+  for (PendingEntry& p : late) {
+    pending_.push_back(std::move(p));
+    by_name_[pending_.back().request.name] = std::prev(pending_.end());
+  }
+  while (!pending_.empty()) {
+    Status s;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      s = StickyStatusFor(pending_.front().request.name);
+    }
+    Finish(pending_.begin(), s);
+  }
+  stopped_cv_.notify_all();
+}
+
+bool Engine::Impl::RunCycle() {
+  bool want_shutdown = false;
+  std::string shutdown_reason;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (incoming_.empty() && !shutdown_requested_) {
+      wake_cv_.wait_for(
+          lock, std::chrono::duration<double, std::milli>(config_.cycle_time_ms),
+          [this] { return !incoming_.empty() || shutdown_requested_; });
+    }
+    drained_.swap(incoming_);
+    want_shutdown = shutdown_requested_;
+    if (want_shutdown) shutdown_reason = shutdown_reason_;
+  }
+  for (PendingEntry& p : drained_) {
+    pending_.push_back(std::move(p));
+    by_name_[pending_.back().request.name] = std::prev(pending_.end());
+  }
+  drained_.clear();
+
+  // Step 1: flags and cache bits.
+  const double now = clock_();
+  bits_.assign(1 + (cache_.size() + 63) / 64, 0);
+  uint64_t flags = kAllFlagsClear;
+  for (PendingEntry& p : pending_) {
+    if (p.announced) {
+      flags &= ~kFlagNoAnnouncedPending;
+      continue;
+    }
+    const int bit = cache_.size() > 0 ? cache_.Lookup(p.request, size_) : -1;
+    if (bit < 0 || now - p.enqueued_seconds > announce_after_seconds_) {
+      flags &= ~kFlagNoUncached;
+      continue;
+    }
+    bits_[1 + bit / 64] |= uint64_t{1} << (bit % 64);
+  }
+  if (want_shutdown) flags &= ~kFlagNoShutdown;
+  bits_[0] = flags;
+  Status s = transport_->BitwiseAnd(&bits_);
+  if (!s.ok()) {
+    return Fatal(StatusCode::kUnavailable,
+                 "failed because negotiation (BitwiseAnd) failed: " +
+                     s.ToString());
+  }
+  ++cycles_;
+  if (bits_[0] != kAllFlagsClear) {
+    return SlowPath(want_shutdown, shutdown_reason);
+  }
+
+  // Step 2: fast path.
+  responses_.clear();
+  for (size_t w = 1; w < bits_.size(); ++w) {
+    uint64_t word = bits_[w];
+    while (word != 0) {
+      const int b = __builtin_ctzll(word);
+      word &= word - 1;
+      responses_.push_back(&cache_.Get(static_cast<int>((w - 1) * 64 + b)));
+    }
+  }
+  if (responses_.empty()) return true;
+  fast_responses_ += static_cast<int64_t>(responses_.size());
+  return ExecuteResponses(responses_);
+}
+
+bool Engine::Impl::SlowPath(bool want_shutdown,
+                            const std::string& shutdown_reason) {
+  ++slow_cycles_;
+  // Step 3: announce everything not yet announced.
+  RequestList mine;
+  for (PendingEntry& p : pending_) {
+    if (p.announced) continue;
+    mine.requests.push_back(p.request);
+    p.announced = true;
+  }
+  mine.shutdown = want_shutdown;
+  mine.shutdown_reason = shutdown_reason;
+  SerializeRequestList(mine, &bytes_);
+  Status s = transport_->GatherBytes(bytes_, &gathered_);
+  if (!s.ok()) {
+    return Fatal(StatusCode::kUnavailable,
+                 "failed because negotiation (GatherBytes) failed: " +
+                     s.ToString());
+  }
+  ResponseList list;
+  if (rank_ == 0) {
+    for (int r = 0; r < size_ && r < static_cast<int>(gathered_.size());
+         ++r) {
+      RequestList theirs;
+      Status parsed = ParseRequestList(gathered_[r], &theirs);
+      if (!parsed.ok()) {
+        // Still answer, so no rank hangs: shut everyone down.
+        theirs = RequestList();
+        theirs.shutdown = true;
+        theirs.shutdown_reason = parsed.message();
+      }
+      negotiator_->AddRequestList(r, theirs);
+    }
+    std::vector<std::string> warnings;
+    list = negotiator_->ComputeResponses(&warnings);
+    for (const std::string& w : warnings) LogLine(rank_, w);
+    SerializeResponseList(list, &bytes_);
+  }
+  s = transport_->BroadcastBytes(&bytes_);
+  if (!s.ok()) {
+    return Fatal(StatusCode::kUnavailable,
+                 "failed because negotiation (BroadcastBytes) failed: " +
+                     s.ToString());
+  }
+  if (rank_ != 0) {
+    s = ParseResponseList(bytes_, &list);
+    if (!s.ok()) return Fatal(StatusCode::kInternal, "failed: " + s.message());
+  }
+  // Step 4: same cache inserts, in the same order, on every rank.
+  responses_.clear();
+  for (const Response& r : list.responses) {
+    if (r.type != ResponseType::kError) cache_.Put(r);
+    responses_.push_back(&r);
+  }
+  slow_responses_ += static_cast<int64_t>(list.responses.size());
+  const bool keep_going = ExecuteResponses(responses_);
+  responses_.clear();
+  if (list.shutdown) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (sticky_code_ == StatusCode::kOk) {
+        sticky_code_ = StatusCode::kAborted;
+        sticky_suffix_ = "was aborted because rank " +
+                         std::to_string(list.shutdown_rank) +
+                         " stopped: " + list.shutdown_reason;
+      }
+    }
+    return false;
+  }
+  return keep_going;
+}
+
+bool Engine::Impl::ExecuteResponses(
+    const std::vector<const Response*>& responses) {
+  ok_responses_.clear();
+  ok_entries_.clear();
+  ok_bytes_.clear();
+  for (const Response* r : responses) {
+    if (r->type == ResponseType::kError) {
+      const bool for_me =
+          r->error_ranks.empty() ||
+          std::find(r->error_ranks.begin(), r->error_ranks.end(), rank_) !=
+              r->error_ranks.end();
+      if (!for_me) continue;
+      for (const std::string& name : r->names) {
+        auto it = by_name_.find(name);
+        // Only an announced entry is the one the coordinator judged; a rank
+        // that never announced the name ignores the error.
+        if (it == by_name_.end() || !it->second->announced) continue;
+        Finish(it->second, Status(r->error_code, r->error_message));
+      }
+      continue;
+    }
+    auto it = by_name_.find(r->names[0]);
+    if (it == by_name_.end()) {
+      return Fatal(StatusCode::kInternal,
+                   "failed: internal error: rank " + std::to_string(rank_) +
+                       " got a response for unknown collective \"" +
+                       r->names[0] + "\"");
+    }
+    ok_responses_.push_back(r);
+    ok_entries_.push_back(it->second);
+    ok_bytes_.push_back(AllreduceBytes(*r));
+  }
+  if (ok_responses_.empty()) return true;
+  const std::vector<FusionBucket> plan =
+      PlanFusion(ok_responses_, ok_bytes_, config_.fusion_threshold_bytes);
+  for (const FusionBucket& bucket : plan) {
+    bucket_responses_.clear();
+    bucket_entries_.clear();
+    for (int m : bucket.members) {
+      bucket_responses_.push_back(ok_responses_[m]);
+      bucket_entries_.push_back(&ok_entries_[m]->entry);
+    }
+    Status s =
+        executor_.Execute(bucket_responses_, bucket_entries_, &bucket_status_);
+    ++buckets_;
+    if (bucket.members.size() > 1) ++fused_buckets_;
+    if (!s.ok()) {
+      const Response& r = *bucket_responses_[0];
+      return Fatal(StatusCode::kUnavailable,
+                   std::string("failed because the transport failed during ") +
+                       ResponseTypeName(r.type) + " \"" + r.names[0] +
+                       "\": " + s.ToString());
+    }
+    for (size_t k = 0; k < bucket.members.size(); ++k) {
+      Finish(ok_entries_[bucket.members[k]], bucket_status_[k]);
+    }
+  }
+  return true;
+}
+
+void Engine::Impl::Finish(PendingIter it, const Status& status) {
+  std::function<void(const Status&)> done = std::move(it->entry.done);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_.erase(it->request.name);
+  }
+  by_name_.erase(it->request.name);
+  pending_.erase(it);
+  if (done) done(status);
+}
+
+bool Engine::Impl::Fatal(StatusCode code, const std::string& suffix) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (sticky_code_ == StatusCode::kOk) {
+      sticky_code_ = code;
+      sticky_suffix_ = suffix;
+    }
+  }
+  LogLine(rank_, "engine stopped: every pending and future collective " + suffix);
+  return false;
+}
+
+// ---- Engine -------------------------------------------------------------
+
+Status Engine::Create(const EngineConfig& config,
+                      std::unique_ptr<Transport> transport,
+                      std::unique_ptr<Engine>* engine) {
+  MPISTRATEGY_RETURN_IF_ERROR(config.Validate());
+  if (transport == nullptr) {
+    return Status::InvalidArgument("Engine::Create: transport is null");
+  }
+  std::unique_ptr<Engine> e(new Engine());
+  e->impl_.reset(new Impl(config, std::move(transport)));
+  e->impl_->Start();
+  *engine = std::move(e);
+  return Status::Ok();
+}
+
+Engine::~Engine() = default;
+
+Status Engine::Enqueue(TensorEntry entry) {
+  return impl_->Enqueue(std::move(entry));
+}
+
+void Engine::Abort(const std::string& reason, double timeout_seconds) {
+  impl_->Abort(reason, timeout_seconds);
+}
+
+int Engine::rank() const { return impl_->rank_; }
+int Engine::size() const { return impl_->size_; }
+int Engine::local_rank() const { return impl_->transport_->local_rank(); }
+int Engine::local_size() const { return impl_->transport_->local_size(); }
+const EngineConfig& Engine::config() const { return impl_->config_; }
+EngineStats Engine::stats() const { return impl_->stats(); }
+
+}  // namespace mpistrategy

@@ -1,0 +1,221 @@
+#include "cc/engine/executor.h"
+
+#include <cstring>
+
+#include "cc/engine/reduce_kernels.h"
+
+namespace mpistrategy {
+
+namespace {
+
+// Elements in one first-dimension row (product of all dims but the first).
+int64_t RowElements(const Shape& shape) {
+  int64_t n = 1;
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+Shape WithFirstDim(const Shape& shape, int64_t first) {
+  Shape out = shape;
+  out[0] = first;
+  return out;
+}
+
+// Asks the kernel for the output buffer.  On failure (or when the kernel
+// gives no buffer for non-empty output) *data is null and the status says
+// why.
+Status AllocateOutput(TensorEntry* entry, const Shape& shape, void** data) {
+  *data = nullptr;
+  Status s = entry->allocate_output(shape, data);
+  if (s.ok() && *data == nullptr &&
+      NumElements(shape) * DataTypeSize(entry->dtype) > 0) {
+    s = Status::Internal("allocate_output for \"" + entry->name +
+                         "\" returned no buffer for shape " +
+                         ShapeString(shape));
+  }
+  if (!s.ok()) *data = nullptr;
+  return s;
+}
+
+ReduceOp TransportOp(ReduceOp op) {
+  return op == ReduceOp::kMean ? ReduceOp::kSum : op;
+}
+
+}  // namespace
+
+int64_t AllreduceBytes(const Response& response) {
+  if (response.type != ResponseType::kAllreduce || response.shapes.empty()) {
+    return 0;
+  }
+  return NumElements(response.shapes[0]) * DataTypeSize(response.dtype);
+}
+
+Executor::Executor(Transport* transport)
+    : transport_(transport),
+      rank_(transport->rank()),
+      size_(transport->size()) {}
+
+char* Executor::Buffer(int64_t bytes) {
+  if (static_cast<int64_t>(buffer_.size()) < bytes) {
+    buffer_.resize(static_cast<size_t>(bytes));
+  }
+  return buffer_.data();
+}
+
+Status Executor::Execute(const std::vector<const Response*>& responses,
+                         const std::vector<TensorEntry*>& entries,
+                         std::vector<Status>* entry_status) {
+  entry_status->assign(entries.size(), Status::Ok());
+  const Response& first = *responses[0];
+  switch (first.type) {
+    case ResponseType::kAllreduce:
+      return Allreduce(responses, entries, entry_status);
+    case ResponseType::kAllgather:
+      return Allgather(first, entries[0], &(*entry_status)[0]);
+    case ResponseType::kBroadcast:
+      return Broadcast(first, entries[0]);
+    case ResponseType::kReducescatter:
+      return Reducescatter(first, entries[0], &(*entry_status)[0]);
+    case ResponseType::kAlltoall:
+      return Alltoall(first, entries[0], &(*entry_status)[0]);
+    case ResponseType::kBarrier:
+      return transport_->Barrier();
+    case ResponseType::kError:
+      break;
+  }
+  return Status::Internal("Executor::Execute given an error response");
+}
+
+Status Executor::Allreduce(const std::vector<const Response*>& responses,
+                           const std::vector<TensorEntry*>& entries,
+                           std::vector<Status>* entry_status) {
+  const Response& first = *responses[0];
+  const DataType dtype = first.dtype;
+  const ReduceOp op = TransportOp(first.reduce_op);
+  const bool mean = first.reduce_op == ReduceOp::kMean;
+  if (responses.size() == 1) {
+    // The big-tensor path: straight from input to output, no copies.
+    TensorEntry* e = entries[0];
+    const int64_t count = NumElements(first.shapes[0]);
+    if (count == 0) return Status::Ok();
+    MPISTRATEGY_RETURN_IF_ERROR(
+        transport_->Allreduce(e->input, e->output, count, dtype, op));
+    if (mean) (*entry_status)[0] = DivideInPlace(dtype, e->output, count, size_);
+    return Status::Ok();
+  }
+  const int64_t element_size = DataTypeSize(dtype);
+  int64_t total = 0;
+  for (const Response* r : responses) total += NumElements(r->shapes[0]);
+  if (total == 0) return Status::Ok();
+  char* buffer = Buffer(total * element_size);
+  int64_t offset = 0;
+  for (size_t k = 0; k < responses.size(); ++k) {
+    const int64_t bytes = NumElements(responses[k]->shapes[0]) * element_size;
+    if (bytes > 0) std::memcpy(buffer + offset, entries[k]->input, bytes);
+    offset += bytes;
+  }
+  MPISTRATEGY_RETURN_IF_ERROR(
+      transport_->Allreduce(buffer, buffer, total, dtype, op));
+  if (mean) {
+    Status s = DivideInPlace(dtype, buffer, total, size_);
+    if (!s.ok()) entry_status->assign(entries.size(), s);
+  }
+  offset = 0;
+  for (size_t k = 0; k < responses.size(); ++k) {
+    const int64_t bytes = NumElements(responses[k]->shapes[0]) * element_size;
+    if (bytes > 0) std::memcpy(entries[k]->output, buffer + offset, bytes);
+    offset += bytes;
+  }
+  return Status::Ok();
+}
+
+Status Executor::Allgather(const Response& response, TensorEntry* entry,
+                           Status* entry_status) {
+  const int64_t row_bytes =
+      RowElements(response.shapes[0]) * DataTypeSize(response.dtype);
+  counts_.resize(size_);
+  int64_t rows = 0;
+  int64_t total_bytes = 0;
+  for (int r = 0; r < size_; ++r) {
+    rows += response.first_dims[r];
+    counts_[r] = response.first_dims[r] * row_bytes;
+    total_bytes += counts_[r];
+  }
+  void* out = nullptr;
+  *entry_status =
+      AllocateOutput(entry, WithFirstDim(response.shapes[0], rows), &out);
+  if (total_bytes == 0) return Status::Ok();
+  if (out == nullptr) out = Buffer(total_bytes);
+  return transport_->Allgatherv(entry->input, out, counts_);
+}
+
+Status Executor::Broadcast(const Response& response, TensorEntry* entry) {
+  const int64_t bytes =
+      NumElements(response.shapes[0]) * DataTypeSize(response.dtype);
+  if (bytes == 0) return Status::Ok();
+  if (rank_ == response.root_rank && entry->input != entry->output) {
+    std::memcpy(entry->output, entry->input, bytes);
+  }
+  return transport_->Broadcast(entry->output, bytes, response.root_rank);
+}
+
+Status Executor::Reducescatter(const Response& response, TensorEntry* entry,
+                               Status* entry_status) {
+  const Shape& shape = response.shapes[0];
+  const int64_t row_elements = RowElements(shape);
+  const int64_t base = shape[0] / size_;
+  const int64_t extra = shape[0] % size_;
+  counts_.resize(size_);
+  for (int r = 0; r < size_; ++r) {
+    counts_[r] = (base + (r < extra ? 1 : 0)) * row_elements;
+  }
+  const int64_t my_rows = base + (rank_ < extra ? 1 : 0);
+  void* out = nullptr;
+  *entry_status = AllocateOutput(entry, WithFirstDim(shape, my_rows), &out);
+  if (NumElements(shape) == 0) return Status::Ok();
+  if (out == nullptr) {
+    out = Buffer(counts_[rank_] * DataTypeSize(response.dtype));
+  }
+  MPISTRATEGY_RETURN_IF_ERROR(transport_->Reducescatter(
+      entry->input, out, counts_, response.dtype,
+      TransportOp(response.reduce_op)));
+  if (response.reduce_op == ReduceOp::kMean && entry_status->ok()) {
+    *entry_status =
+        DivideInPlace(response.dtype, out, counts_[rank_], size_);
+  }
+  return Status::Ok();
+}
+
+Status Executor::Alltoall(const Response& response, TensorEntry* entry,
+                          Status* entry_status) {
+  const int64_t row_bytes =
+      RowElements(response.shapes[0]) * DataTypeSize(response.dtype);
+  counts_.resize(size_);   // send bytes
+  counts2_.resize(size_);  // receive bytes
+  std::vector<int64_t> received_rows(size_);
+  int64_t my_rows = 0;
+  int64_t all_bytes = 0;
+  for (int j = 0; j < size_; ++j) {
+    counts_[j] = response.splits[static_cast<size_t>(rank_) * size_ + j] *
+                 row_bytes;
+    received_rows[j] =
+        response.splits[static_cast<size_t>(j) * size_ + rank_];
+    counts2_[j] = received_rows[j] * row_bytes;
+    my_rows += received_rows[j];
+  }
+  for (int64_t s : response.splits) all_bytes += s * row_bytes;
+  void* out = nullptr;
+  *entry_status =
+      AllocateOutput(entry, WithFirstDim(response.shapes[0], my_rows), &out);
+  if (all_bytes > 0) {
+    if (out == nullptr) out = Buffer(my_rows * row_bytes);
+    MPISTRATEGY_RETURN_IF_ERROR(
+        transport_->Alltoallv(entry->input, counts_, out, counts2_));
+  }
+  if (entry_status->ok() && entry->set_received_splits) {
+    entry->set_received_splits(received_rows);
+  }
+  return Status::Ok();
+}
+
+}  // namespace mpistrategy

@@ -1,0 +1,12 @@
+#include "cc/engine/logging.h"
+
+#include <cstdio>
+
+namespace mpistrategy {
+
+void LogLine(int rank, const std::string& message) {
+  std::fprintf(stderr, "[mpistrategy rank %d] %s\n", rank, message.c_str());
+  std::fflush(stderr);
+}
+
+}  // namespace mpistrategy

@@ -1,0 +1,15 @@
+// A tiny logger: one line to stderr, prefixed "[mpistrategy rank R] ".
+// Thread-safe (a single fprintf per line).
+
+#ifndef MPISTRATEGY_CC_ENGINE_LOGGING_H_
+#define MPISTRATEGY_CC_ENGINE_LOGGING_H_
+
+#include <string>
+
+namespace mpistrategy {
+
+void LogLine(int rank, const std::string& message);
+
+}  // namespace mpistrategy
+
+#endif  // MPISTRATEGY_CC_ENGINE_LOGGING_H_

@@ -1,0 +1,115 @@
+// Negotiation messages and their wire format.
+//
+// Every rank sends the coordinator (rank 0) a RequestList per slow cycle; the
+// coordinator answers with one ResponseList that every rank executes in order
+// (see negotiator.h).  The binary format is private to one build of the
+// engine: all ranks must run the same library.  Parsing never trusts its
+// input: truncated or malformed bytes give an InvalidArgument/Internal
+// Status, never a crash.
+
+#ifndef MPISTRATEGY_CC_ENGINE_MESSAGE_H_
+#define MPISTRATEGY_CC_ENGINE_MESSAGE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cc/engine/common.h"
+
+namespace mpistrategy {
+
+// What one rank submitted under one name.
+struct Request {
+  int32_t rank = 0;
+  CollectiveType type = CollectiveType::kAllreduce;
+  std::string name;
+  DataType dtype = DataType::kFloat32;
+  Shape shape;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  int32_t root_rank = 0;
+  int32_t device = kCpuDevice;
+  // alltoall: rows sent to each rank (always explicit, one per rank).
+  std::vector<int64_t> splits;
+
+  bool operator==(const Request& other) const;
+};
+
+// One slow-cycle message from one rank.
+struct RequestList {
+  std::vector<Request> requests;
+  // This rank asks every engine to stop (destructor or Abort).
+  bool shutdown = false;
+  std::string shutdown_reason;
+};
+
+enum class ResponseType : uint8_t {
+  // Values 0..5 equal the CollectiveType values.
+  kAllreduce = 0,
+  kAllgather = 1,
+  kBroadcast = 2,
+  kReducescatter = 3,
+  kAlltoall = 4,
+  kBarrier = 5,
+  // The named collective failed; see error_code/error_message.
+  kError = 6,
+};
+
+ResponseType ToResponseType(CollectiveType type);
+// Only meaningful when type != kError.
+CollectiveType ToCollectiveType(ResponseType type);
+const char* ResponseTypeName(ResponseType type);
+
+// The coordinator's decision about one (or, after fusion planning, several)
+// named collectives.  Responses built by the coordinator always carry one
+// name; they are what the response cache stores.
+struct Response {
+  ResponseType type = ResponseType::kAllreduce;
+  std::vector<std::string> names;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  int32_t root_rank = 0;
+  int32_t device = kCpuDevice;
+  // One entry per name.  allreduce/broadcast/reducescatter: the common input
+  // shape.  allgather/alltoall: rank 0's input shape (dims after the first
+  // are common to all ranks).
+  std::vector<Shape> shapes;
+  // allgather: first dimension of every rank's input, in rank order.
+  std::vector<int64_t> first_dims;
+  // alltoall: splits[r * size + j] = rows rank r sends to rank j.
+  std::vector<int64_t> splits;
+
+  // kError only.
+  StatusCode error_code = StatusCode::kOk;
+  std::string error_message;
+  // kError only: ranks the error is for; empty means every rank that
+  // announced the name.
+  std::vector<int32_t> error_ranks;
+
+  bool operator==(const Response& other) const;
+};
+
+struct ResponseList {
+  std::vector<Response> responses;
+  // Some rank asked to stop: after executing `responses`, every engine fails
+  // its pending entries with Aborted and exits its loop.
+  bool shutdown = false;
+  // The (lowest) rank that asked, and its reason (never empty; defaults to
+  // "rank R shut down").  ShutdownString() gives "rank R: reason".
+  int32_t shutdown_rank = -1;
+  std::string shutdown_reason;
+
+  std::string ShutdownString() const {
+    return "rank " + std::to_string(shutdown_rank) + ": " + shutdown_reason;
+  }
+};
+
+// Serialization.  Serialize* never fails; Parse* validates lengths and enum
+// values and rejects trailing bytes.
+void SerializeRequestList(const RequestList& list, std::string* out);
+Status ParseRequestList(const std::string& bytes, RequestList* list);
+void SerializeResponseList(const ResponseList& list, std::string* out);
+Status ParseResponseList(const std::string& bytes, ResponseList* list);
+
+}  // namespace mpistrategy
+
+#endif  // MPISTRATEGY_CC_ENGINE_MESSAGE_H_

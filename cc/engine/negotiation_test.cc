@@ -1,0 +1,802 @@
+// End-to-end tests of the engine: N Engine objects in one process, one per
+// thread, talking through FakeTransport.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cc/engine/engine.h"
+#include "cc/engine/float16.h"
+#include "cc/testing/test.h"
+#include "cc/transport/fake_transport.h"
+
+namespace mpistrategy {
+namespace {
+
+// ---- helpers ------------------------------------------------------------
+
+EngineConfig TestConfig() {
+  EngineConfig c;
+  c.cycle_time_ms = 1.0;
+  c.stall_warning_seconds = 0.0;
+  return c;
+}
+
+struct Cluster {
+  Cluster(int n, const EngineConfig& config = TestConfig())
+      : world(FakeWorld::Create(n, 0, 30.0)), engines(n) {
+    for (int r = 0; r < n; ++r) {
+      Status s = Engine::Create(config, world->CreateTransport(r), &engines[r]);
+      EXPECT_TRUE(s.ok()) << s.ToString();
+    }
+  }
+  int size() const { return static_cast<int>(engines.size()); }
+  std::shared_ptr<FakeWorld> world;
+  std::vector<std::unique_ptr<Engine>> engines;
+};
+
+// Runs fn(rank) on one thread per rank and joins them.
+template <typename Fn>
+void OnEveryRank(int n, Fn fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back([&fn, r] { fn(r); });
+  for (std::thread& t : threads) t.join();
+}
+
+// Enqueues `entry` and returns a future for its status.
+std::future<Status> Submit(Engine* engine, TensorEntry entry) {
+  auto promise = std::make_shared<std::promise<Status>>();
+  std::future<Status> future = promise->get_future();
+  entry.done = [promise](const Status& s) { promise->set_value(s); };
+  engine->Enqueue(std::move(entry));
+  return future;
+}
+
+Status Await(std::future<Status>* f, double seconds = 30.0) {
+  if (f->wait_for(std::chrono::duration<double>(seconds)) !=
+      std::future_status::ready) {
+    return Status::Internal("test: collective did not complete");
+  }
+  return f->get();
+}
+
+// Typed buffers through doubles.
+double Get(DataType dtype, const std::vector<char>& buf, int64_t i) {
+  const char* p = buf.data();
+  switch (dtype) {
+    case DataType::kUint8: return reinterpret_cast<const uint8_t*>(p)[i];
+    case DataType::kInt8: return reinterpret_cast<const int8_t*>(p)[i];
+    case DataType::kBool: return reinterpret_cast<const uint8_t*>(p)[i];
+    case DataType::kInt32: return reinterpret_cast<const int32_t*>(p)[i];
+    case DataType::kInt64:
+      return static_cast<double>(reinterpret_cast<const int64_t*>(p)[i]);
+    case DataType::kFloat16:
+      return HalfToFloat(reinterpret_cast<const uint16_t*>(p)[i]);
+    case DataType::kBFloat16:
+      return BFloat16ToFloat(reinterpret_cast<const uint16_t*>(p)[i]);
+    case DataType::kFloat32: return reinterpret_cast<const float*>(p)[i];
+    case DataType::kFloat64: return reinterpret_cast<const double*>(p)[i];
+  }
+  return 0;
+}
+
+void Set(DataType dtype, std::vector<char>* buf, int64_t i, double v) {
+  char* p = buf->data();
+  switch (dtype) {
+    case DataType::kUint8: reinterpret_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
+    case DataType::kInt8: reinterpret_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
+    case DataType::kBool: reinterpret_cast<uint8_t*>(p)[i] = v != 0; break;
+    case DataType::kInt32: reinterpret_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
+    case DataType::kInt64: reinterpret_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
+    case DataType::kFloat16:
+      reinterpret_cast<uint16_t*>(p)[i] = FloatToHalf(static_cast<float>(v)); break;
+    case DataType::kBFloat16:
+      reinterpret_cast<uint16_t*>(p)[i] = FloatToBFloat16(static_cast<float>(v)); break;
+    case DataType::kFloat32: reinterpret_cast<float*>(p)[i] = static_cast<float>(v); break;
+    case DataType::kFloat64: reinterpret_cast<double*>(p)[i] = v; break;
+  }
+}
+
+std::vector<char> Buffer(DataType dtype, int64_t n) {
+  return std::vector<char>(static_cast<size_t>(n * DataTypeSize(dtype)) + 1);
+}
+
+TensorEntry AllreduceEntry(const std::string& name, DataType dtype,
+                           const Shape& shape, const std::vector<char>& in,
+                           std::vector<char>* out,
+                           ReduceOp op = ReduceOp::kSum) {
+  TensorEntry e;
+  e.type = CollectiveType::kAllreduce;
+  e.name = name;
+  e.dtype = dtype;
+  e.shape = shape;
+  e.reduce_op = op;
+  e.input = in.data();
+  e.output = out->data();
+  return e;
+}
+
+// Output holder for collectives that allocate after negotiation.
+struct Allocated {
+  Shape shape;
+  std::vector<char> data;
+  std::vector<int64_t> received_splits;
+};
+
+void AttachAllocator(TensorEntry* e, Allocated* a) {
+  const DataType dtype = e->dtype;
+  e->allocate_output = [a, dtype](const Shape& shape, void** data) {
+    a->shape = shape;
+    a->data.assign(static_cast<size_t>(NumElements(shape) * DataTypeSize(dtype)) + 1, 0);
+    *data = a->data.data();
+    return Status::Ok();
+  };
+  e->set_received_splits = [a](const std::vector<int64_t>& s) {
+    a->received_splits = s;
+  };
+}
+
+bool Contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+const DataType kAllTypes[] = {
+    DataType::kUint8,   DataType::kInt8,     DataType::kBool,
+    DataType::kInt32,   DataType::kInt64,    DataType::kFloat16,
+    DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64};
+
+// ---- tests --------------------------------------------------------------
+
+TEST(Negotiation, AllreduceEveryDtypeAndOp) {
+  const int n = 3;
+  const int64_t count = 37;
+  Cluster c(n);
+  OnEveryRank(n, [&](int rank) {
+    for (DataType dtype : kAllTypes) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMin,
+                          ReduceOp::kMax, ReduceOp::kProduct}) {
+        if (op == ReduceOp::kMean && !IsFloatingDataType(dtype)) continue;
+        std::vector<char> in = Buffer(dtype, count);
+        std::vector<char> out = Buffer(dtype, count);
+        for (int64_t i = 0; i < count; ++i) {
+          double v = (rank + 1) * (i % 5 + 1);
+          if (op == ReduceOp::kProduct) v = rank + 1;
+          if (dtype == DataType::kBool) {
+            v = (op == ReduceOp::kSum || op == ReduceOp::kMax)
+                    ? (i % 4 == rank)
+                    : (i % 4 != rank);
+          }
+          Set(dtype, &in, i, v);
+        }
+        const std::string name =
+            std::string(DataTypeName(dtype)) + "/" + ReduceOpName(op);
+        auto f = Submit(c.engines[rank].get(),
+                        AllreduceEntry(name, dtype, {count}, in, &out, op));
+        Status s = Await(&f);
+        ASSERT_TRUE(s.ok()) << name << ": " << s.ToString();
+        for (int64_t i = 0; i < count; ++i) {
+          const double k = i % 5 + 1;
+          double want = 0;
+          switch (op) {
+            case ReduceOp::kSum: want = 6 * k; break;
+            case ReduceOp::kMean: want = 2 * k; break;
+            case ReduceOp::kMin: want = k; break;
+            case ReduceOp::kMax: want = 3 * k; break;
+            case ReduceOp::kProduct: want = 6; break;
+          }
+          if (dtype == DataType::kBool) {
+            want = (op == ReduceOp::kSum || op == ReduceOp::kMax)
+                       ? (i % 4 < 3)
+                       : (i % 4 == 3);
+          }
+          ASSERT_EQ(Get(dtype, out, i), want) << name << " element " << i;
+        }
+      }
+    }
+  });
+}
+
+TEST(Negotiation, ShuffledOrdersNeverMispair) {
+  const int n = 3;
+  const int kTensors = 50;
+  const int kIterations = 4;
+  EngineConfig config = TestConfig();
+  config.fusion_threshold_bytes = 4096;
+  Cluster c(n, config);
+  OnEveryRank(n, [&](int rank) {
+    std::mt19937 rng(1234 + rank);
+    for (int it = 0; it < kIterations; ++it) {
+      std::vector<int> order(kTensors);
+      for (int t = 0; t < kTensors; ++t) order[t] = t;
+      std::shuffle(order.begin(), order.end(), rng);
+      std::vector<std::vector<char>> ins(kTensors), outs(kTensors);
+      std::vector<std::future<Status>> futures(kTensors);
+      for (int t : order) {
+        const int64_t count = 1 + (t * 7) % 23;
+        const DataType dtype = t % 2 ? DataType::kFloat32 : DataType::kInt64;
+        ins[t] = Buffer(dtype, count);
+        outs[t] = Buffer(dtype, count);
+        for (int64_t i = 0; i < count; ++i) {
+          Set(dtype, &ins[t], i, 1000 * t + i + rank);
+        }
+        futures[t] = Submit(c.engines[rank].get(),
+                            AllreduceEntry("grad/" + std::to_string(t), dtype,
+                                           {count}, ins[t], &outs[t]));
+        if (t % 10 == rank) std::this_thread::sleep_for(std::chrono::microseconds(300));
+      }
+      for (int t = 0; t < kTensors; ++t) {
+        Status s = Await(&futures[t]);
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        const int64_t count = 1 + (t * 7) % 23;
+        const DataType dtype = t % 2 ? DataType::kFloat32 : DataType::kInt64;
+        for (int64_t i = 0; i < count; ++i) {
+          ASSERT_EQ(Get(dtype, outs[t], i), n * (1000.0 * t + i) + 3)
+              << "tensor " << t << " element " << i;
+        }
+      }
+    }
+  });
+  EXPECT_GT(c.engines[0]->stats().fast_responses, 0);
+}
+
+TEST(Negotiation, FastPathInSteadyState) {
+  const int n = 2;
+  Cluster c(n);
+  std::vector<int64_t> slow_after_first(n);
+  OnEveryRank(n, [&](int rank) {
+    for (int it = 0; it < 30; ++it) {
+      std::vector<std::vector<char>> ins(5), outs(5);
+      std::vector<std::future<Status>> fs;
+      for (int t = 0; t < 5; ++t) {
+        ins[t] = Buffer(DataType::kFloat32, 8);
+        outs[t] = Buffer(DataType::kFloat32, 8);
+        for (int i = 0; i < 8; ++i) Set(DataType::kFloat32, &ins[t], i, rank + it);
+        fs.push_back(Submit(c.engines[rank].get(),
+                            AllreduceEntry("w" + std::to_string(t),
+                                           DataType::kFloat32, {8}, ins[t],
+                                           &outs[t])));
+      }
+      for (int t = 0; t < 5; ++t) {
+        Status s = Await(&fs[t]);
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        ASSERT_EQ(Get(DataType::kFloat32, outs[t], 7), 1.0 + 2 * it);
+      }
+      if (it == 1) slow_after_first[rank] = c.engines[rank]->stats().slow_cycles;
+    }
+  });
+  for (int r = 0; r < n; ++r) {
+    EngineStats s = c.engines[r]->stats();
+    EXPECT_EQ(s.slow_cycles, slow_after_first[r]) << "rank " << r;
+    EXPECT_GE(s.fast_responses, 5 * 28) << "rank " << r;
+  }
+}
+
+TEST(Negotiation, MismatchesFailOnEveryRank) {
+  const int n = 3;
+  Cluster c(n);
+  struct Case {
+    const char* name;
+    std::vector<std::string> expect;  // substrings
+  };
+  OnEveryRank(n, [&](int rank) {
+    Engine* e = c.engines[rank].get();
+    std::vector<char> in = Buffer(DataType::kFloat64, 64);
+    std::vector<char> out = Buffer(DataType::kFloat64, 64);
+    // Shape.
+    {
+      Shape shape = rank == 1 ? Shape{5, 4} : Shape{3, 4};
+      auto f = Submit(e, AllreduceEntry("grad/dense_1", DataType::kFloat32,
+                                        shape, in, &out));
+      Status s = Await(&f);
+      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+      EXPECT_TRUE(Contains(s.message(),
+                           "Mismatched allreduce \"grad/dense_1\": rank 0 has "
+                           "shape [3, 4] but rank 1 has shape [5, 4]"))
+          << s.message();
+    }
+    // Dtype.
+    {
+      DataType dt = rank == 2 ? DataType::kInt32 : DataType::kFloat32;
+      auto f = Submit(e, AllreduceEntry("d", dt, {4}, in, &out));
+      Status s = Await(&f);
+      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+      EXPECT_TRUE(Contains(s.message(), "rank 0 has dtype float32 but rank 2 "
+                                        "has dtype int32"))
+          << s.message();
+    }
+    // Reduce op.
+    {
+      ReduceOp op = rank == 1 ? ReduceOp::kMax : ReduceOp::kSum;
+      auto f = Submit(e, AllreduceEntry("o", DataType::kFloat32, {4}, in, &out, op));
+      Status s = Await(&f);
+      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+      EXPECT_TRUE(Contains(s.message(), "sum") && Contains(s.message(), "max"))
+          << s.message();
+    }
+    // Root rank.
+    {
+      TensorEntry b;
+      b.type = CollectiveType::kBroadcast;
+      b.name = "b";
+      b.dtype = DataType::kFloat32;
+      b.shape = {4};
+      b.root_rank = rank == 2 ? 1 : 0;
+      b.input = in.data();
+      b.output = out.data();
+      auto f = Submit(e, std::move(b));
+      Status s = Await(&f);
+      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+      EXPECT_TRUE(Contains(s.message(), "rank 0 has root rank 0 but rank 2 "
+                                        "has root rank 1"))
+          << s.message();
+    }
+    // Collective type.
+    {
+      Allocated a;
+      TensorEntry t = AllreduceEntry("t", DataType::kFloat32, {4}, in, &out);
+      if (rank == 1) {
+        t.type = CollectiveType::kAllgather;
+        AttachAllocator(&t, &a);
+      }
+      auto f = Submit(e, std::move(t));
+      Status s = Await(&f);
+      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+      EXPECT_TRUE(Contains(s.message(), "rank 0 called allreduce but rank 1 "
+                                        "called allgather"))
+          << s.message();
+    }
+    // Allgather: trailing dims.
+    {
+      Allocated a;
+      TensorEntry t;
+      t.type = CollectiveType::kAllgather;
+      t.name = "ag";
+      t.dtype = DataType::kFloat32;
+      t.shape = rank == 1 ? Shape{2, 3} : Shape{2, 4};
+      t.input = in.data();
+      AttachAllocator(&t, &a);
+      auto f = Submit(e, std::move(t));
+      Status s = Await(&f);
+      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+      EXPECT_TRUE(Contains(s.message(), "[2, 4]") &&
+                  Contains(s.message(), "[2, 3]"))
+          << s.message();
+    }
+    // The engine still works afterwards.
+    {
+      Set(DataType::kFloat32, &in, 0, 1.0);
+      auto f = Submit(e, AllreduceEntry("after", DataType::kFloat32, {1}, in, &out));
+      Status s = Await(&f);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      EXPECT_EQ(Get(DataType::kFloat32, out, 0), 3.0);
+    }
+  });
+}
+
+TEST(Negotiation, AllgatherDifferentFirstDims) {
+  const int n = 3;
+  Cluster c(n);
+  OnEveryRank(n, [&](int rank) {
+    const int64_t rows = rank + 1;  // 1, 2, 3
+    std::vector<char> in = Buffer(DataType::kInt32, rows * 2);
+    for (int64_t i = 0; i < rows * 2; ++i) Set(DataType::kInt32, &in, i, 100 * rank + i);
+    Allocated a;
+    TensorEntry t;
+    t.type = CollectiveType::kAllgather;
+    t.name = "gather";
+    t.dtype = DataType::kInt32;
+    t.shape = {rows, 2};
+    t.input = in.data();
+    AttachAllocator(&t, &a);
+    for (int it = 0; it < 3; ++it) {  // again through the cache
+      auto f = Submit(c.engines[rank].get(), t);
+      Status s = Await(&f);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      ASSERT_EQ(a.shape, (Shape{6, 2}));
+      int64_t k = 0;
+      for (int r = 0; r < n; ++r) {
+        for (int64_t i = 0; i < (r + 1) * 2; ++i, ++k) {
+          ASSERT_EQ(Get(DataType::kInt32, a.data, k), 100.0 * r + i);
+        }
+      }
+    }
+  });
+}
+
+TEST(Negotiation, AlltoallUnevenSplits) {
+  const int n = 3;
+  Cluster c(n);
+  OnEveryRank(n, [&](int rank) {
+    // Rank r sends (r + j) rows to rank j; a row is 2 floats whose value
+    // encodes (sender, receiver, row).
+    std::vector<int64_t> splits;
+    int64_t rows = 0;
+    for (int j = 0; j < n; ++j) {
+      splits.push_back(rank + j);
+      rows += rank + j;
+    }
+    std::vector<char> in = Buffer(DataType::kFloat32, rows * 2);
+    int64_t k = 0;
+    for (int j = 0; j < n; ++j) {
+      for (int64_t row = 0; row < rank + j; ++row, ++k) {
+        Set(DataType::kFloat32, &in, 2 * k, 100 * rank + 10 * j + row);
+        Set(DataType::kFloat32, &in, 2 * k + 1, -1);
+      }
+    }
+    Allocated a;
+    TensorEntry t;
+    t.type = CollectiveType::kAlltoall;
+    t.name = "a2a";
+    t.dtype = DataType::kFloat32;
+    t.shape = {rows, 2};
+    t.splits = splits;
+    t.input = in.data();
+    AttachAllocator(&t, &a);
+    auto f = Submit(c.engines[rank].get(), t);
+    Status s = Await(&f);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    std::vector<int64_t> want_splits;
+    int64_t want_rows = 0;
+    for (int r = 0; r < n; ++r) {
+      want_splits.push_back(r + rank);
+      want_rows += r + rank;
+    }
+    EXPECT_EQ(a.received_splits, want_splits);
+    ASSERT_EQ(a.shape, (Shape{want_rows, 2}));
+    k = 0;
+    for (int r = 0; r < n; ++r) {
+      for (int64_t row = 0; row < r + rank; ++row, ++k) {
+        EXPECT_EQ(Get(DataType::kFloat32, a.data, 2 * k), 100.0 * r + 10 * rank + row);
+      }
+    }
+  });
+}
+
+TEST(Negotiation, ReducescatterBroadcastBarrier) {
+  const int n = 3;
+  Cluster c(n);
+  OnEveryRank(n, [&](int rank) {
+    Engine* e = c.engines[rank].get();
+    // Reducescatter of [5, 2]: rows 2, 2, 1.
+    std::vector<char> in = Buffer(DataType::kFloat64, 10);
+    for (int i = 0; i < 10; ++i) Set(DataType::kFloat64, &in, i, i + rank);
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean}) {
+      Allocated a;
+      TensorEntry t;
+      t.type = CollectiveType::kReducescatter;
+      t.name = std::string("rs/") + ReduceOpName(op);
+      t.dtype = DataType::kFloat64;
+      t.shape = {5, 2};
+      t.reduce_op = op;
+      t.input = in.data();
+      AttachAllocator(&t, &a);
+      auto f = Submit(e, std::move(t));
+      Status s = Await(&f);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      const int64_t first_row = rank == 0 ? 0 : rank == 1 ? 2 : 4;
+      const int64_t my_rows = rank < 2 ? 2 : 1;
+      ASSERT_EQ(a.shape, (Shape{my_rows, 2}));
+      for (int64_t i = 0; i < my_rows * 2; ++i) {
+        const double sum = 3.0 * (first_row * 2 + i) + 3;
+        EXPECT_EQ(Get(DataType::kFloat64, a.data, i),
+                  op == ReduceOp::kSum ? sum : sum / 3);
+      }
+    }
+    // Broadcast from rank 1.
+    {
+      std::vector<char> bin = Buffer(DataType::kInt64, 4);
+      std::vector<char> bout = Buffer(DataType::kInt64, 4);
+      for (int i = 0; i < 4; ++i) Set(DataType::kInt64, &bin, i, 10 * rank + i);
+      TensorEntry b;
+      b.type = CollectiveType::kBroadcast;
+      b.name = "bcast";
+      b.dtype = DataType::kInt64;
+      b.shape = {4};
+      b.root_rank = 1;
+      b.input = bin.data();
+      b.output = bout.data();
+      auto f = Submit(e, std::move(b));
+      Status s = Await(&f);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      for (int i = 0; i < 4; ++i) EXPECT_EQ(Get(DataType::kInt64, bout, i), 10.0 + i);
+    }
+    // Barrier.
+    {
+      TensorEntry b;
+      b.type = CollectiveType::kBarrier;
+      b.name = "barrier";
+      auto f = Submit(e, std::move(b));
+      Status s = Await(&f);
+      EXPECT_TRUE(s.ok()) << s.ToString();
+    }
+  });
+}
+
+TEST(Negotiation, ZeroSizeTensors) {
+  const int n = 2;
+  Cluster c(n);
+  OnEveryRank(n, [&](int rank) {
+    Engine* e = c.engines[rank].get();
+    std::vector<char> empty;
+    std::vector<std::future<Status>> fs;
+    std::vector<Allocated> a(4);
+    {
+      TensorEntry t;
+      t.name = "z/allreduce";
+      t.shape = {0, 3};
+      fs.push_back(Submit(e, t));
+      t.name = "z/allreduce_mean";
+      t.reduce_op = ReduceOp::kMean;
+      fs.push_back(Submit(e, t));
+    }
+    {
+      TensorEntry t;
+      t.type = CollectiveType::kAllgather;
+      t.name = "z/allgather";
+      t.shape = {0, 3};
+      AttachAllocator(&t, &a[0]);
+      fs.push_back(Submit(e, t));
+    }
+    {
+      TensorEntry t;
+      t.type = CollectiveType::kBroadcast;
+      t.name = "z/broadcast";
+      t.shape = {0};
+      fs.push_back(Submit(e, t));
+    }
+    {
+      TensorEntry t;
+      t.type = CollectiveType::kReducescatter;
+      t.name = "z/reducescatter";
+      t.shape = {0};
+      AttachAllocator(&t, &a[1]);
+      fs.push_back(Submit(e, t));
+    }
+    {
+      TensorEntry t;
+      t.type = CollectiveType::kAlltoall;
+      t.name = "z/alltoall";
+      t.shape = {0, 2};
+      AttachAllocator(&t, &a[2]);
+      fs.push_back(Submit(e, t));
+    }
+    // Allgather where only rank 1 contributes rows.
+    std::vector<char> in = Buffer(DataType::kFloat32, 2);
+    Set(DataType::kFloat32, &in, 0, 7);
+    Set(DataType::kFloat32, &in, 1, 8);
+    {
+      TensorEntry t;
+      t.type = CollectiveType::kAllgather;
+      t.name = "z/allgather_mixed";
+      t.shape = {rank == 1 ? 1 : 0, 2};
+      t.input = in.data();
+      AttachAllocator(&t, &a[3]);
+      fs.push_back(Submit(e, t));
+    }
+    for (auto& f : fs) {
+      Status s = Await(&f);
+      EXPECT_TRUE(s.ok()) << s.ToString();
+    }
+    EXPECT_EQ(a[0].shape, (Shape{0, 3}));
+    EXPECT_EQ(a[1].shape, (Shape{0}));
+    EXPECT_EQ(a[2].shape, (Shape{0, 2}));
+    ASSERT_EQ(a[3].shape, (Shape{1, 2}));
+    EXPECT_EQ(Get(DataType::kFloat32, a[3].data, 1), 8.0);
+  });
+}
+
+TEST(Negotiation, LocalMisuseIsInvalidArgument) {
+  Cluster c(2);
+  Engine* e = c.engines[0].get();
+  std::vector<char> in = Buffer(DataType::kInt32, 8), out = Buffer(DataType::kInt32, 8);
+  auto check = [&](TensorEntry t, const std::string& needle) {
+    Status from_done;
+    t.done = [&from_done](const Status& s) { from_done = s; };
+    Status s = e->Enqueue(std::move(t));
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_EQ(from_done.code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(Contains(s.message(), needle)) << s.message();
+  };
+  check(AllreduceEntry("m", DataType::kInt32, {8}, in, &out, ReduceOp::kMean),
+        "mean");
+  {
+    TensorEntry t = AllreduceEntry("b", DataType::kInt32, {8}, in, &out);
+    t.type = CollectiveType::kBroadcast;
+    t.root_rank = 2;
+    check(t, "root_rank");
+  }
+  {
+    Allocated a;
+    TensorEntry t = AllreduceEntry("g", DataType::kInt32, {}, in, &out);
+    t.type = CollectiveType::kAllgather;
+    AttachAllocator(&t, &a);
+    check(t, "scalar");
+    t.type = CollectiveType::kReducescatter;
+    check(t, "scalar");
+    t.type = CollectiveType::kAlltoall;
+    t.shape = {8};
+    t.splits = {3, 4};
+    check(t, "splits");
+    t.splits = {3, 4, 1};
+    check(t, "splits");
+    t.splits = {};
+    t.shape = {3};
+    check(t, "divisible");
+  }
+  // Duplicate name in flight: rank 1 never submits "dup", so the first
+  // stays pending.
+  std::vector<char> in2 = Buffer(DataType::kInt32, 8);
+  auto first = Submit(e, AllreduceEntry("dup", DataType::kInt32, {8}, in2, &out));
+  check(AllreduceEntry("dup", DataType::kInt32, {8}, in, &out), "in flight");
+  // Let rank 1 complete it.
+  std::vector<char> out1 = Buffer(DataType::kInt32, 8);
+  auto second = Submit(c.engines[1].get(),
+                       AllreduceEntry("dup", DataType::kInt32, {8}, in, &out1));
+  EXPECT_TRUE(Await(&first).ok());
+  EXPECT_TRUE(Await(&second).ok());
+}
+
+TEST(Negotiation, StallTimeoutFailsWaitingRanks) {
+  const int n = 3;
+  EngineConfig config = TestConfig();
+  config.stall_warning_seconds = 0.1;
+  config.stall_timeout_seconds = 0.4;
+  Cluster c(n, config);
+  std::atomic<int> timed_out_ranks{0};
+  OnEveryRank(n, [&](int rank) {
+    Engine* e = c.engines[rank].get();
+    std::vector<char> in = Buffer(DataType::kFloat32, 4), out = Buffer(DataType::kFloat32, 4);
+    // Cache "cached" first so the second stall goes through the bit path.
+    {
+      auto f = Submit(e, AllreduceEntry("cached", DataType::kFloat32, {4}, in, &out));
+      ASSERT_TRUE(Await(&f).ok());
+    }
+    for (const char* name : {"lonely", "cached"}) {
+      if (rank != 1) {
+        auto f = Submit(e, AllreduceEntry(name, DataType::kFloat32, {4}, in, &out));
+        Status s = Await(&f, 10.0);
+        EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
+        EXPECT_TRUE(Contains(s.message(), std::string("Collective \"") + name +
+                                              "\" timed out") &&
+                    Contains(s.message(), "waiting for ranks [1]"))
+            << s.message();
+      }
+    }
+    // Rank 1 joins in again only after the others saw both timeouts.
+    if (rank != 1) {
+      ++timed_out_ranks;
+    } else {
+      while (timed_out_ranks.load() < n - 1) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
+    // Everybody still works.
+    Set(DataType::kFloat32, &in, 0, 2.0);
+    auto f = Submit(e, AllreduceEntry("after", DataType::kFloat32, {1}, in, &out));
+    Status s = Await(&f);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(Get(DataType::kFloat32, out, 0), 6.0);
+  });
+}
+
+TEST(Negotiation, AbortOnOneRankAbortsTheOthers) {
+  const int n = 3;
+  Cluster c(n);
+  OnEveryRank(n, [&](int rank) {
+    Engine* e = c.engines[rank].get();
+    std::vector<char> in = Buffer(DataType::kFloat32, 4), out = Buffer(DataType::kFloat32, 4);
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      e->Abort("rank 1 raised ValueError: boom", 10.0);
+    } else {
+      auto f = Submit(e, AllreduceEntry("pending_x", DataType::kFloat32, {4}, in, &out));
+      Status s = Await(&f);
+      EXPECT_EQ(s.code(), StatusCode::kAborted);
+      EXPECT_TRUE(Contains(s.message(), "collective \"pending_x\" was aborted "
+                                        "because rank 1 stopped: rank 1 raised "
+                                        "ValueError: boom"))
+          << s.message();
+    }
+    // Sticky: later submissions fail at once.
+    auto f = Submit(e, AllreduceEntry("later", DataType::kFloat32, {4}, in, &out));
+    Status s = Await(&f, 1.0);
+    EXPECT_EQ(s.code(), StatusCode::kAborted) << s.ToString();
+    EXPECT_TRUE(Contains(s.message(), "ValueError: boom")) << s.message();
+  });
+}
+
+TEST(Negotiation, DestroyAndRecreate) {
+  const int n = 2;
+  for (int round = 0; round < 3; ++round) {
+    Cluster c(n);
+    std::vector<std::future<Status>> pending(n);
+    OnEveryRank(n, [&](int rank) {
+      std::vector<char> in = Buffer(DataType::kFloat32, 1), out = Buffer(DataType::kFloat32, 1);
+      Set(DataType::kFloat32, &in, 0, rank + round);
+      auto f = Submit(c.engines[rank].get(),
+                      AllreduceEntry("x", DataType::kFloat32, {1}, in, &out));
+      ASSERT_TRUE(Await(&f).ok());
+      EXPECT_EQ(Get(DataType::kFloat32, out, 0), 1.0 + 2 * round);
+    });
+    // A pending entry on rank 0 only is aborted by the shutdown.
+    static std::vector<char> in = Buffer(DataType::kFloat32, 1), out = Buffer(DataType::kFloat32, 1);
+    auto f = Submit(c.engines[0].get(),
+                    AllreduceEntry("never", DataType::kFloat32, {1}, in, &out));
+    c.engines[1].reset();  // tells rank 0's engine too
+    Status s = Await(&f, 10.0);
+    EXPECT_EQ(s.code(), StatusCode::kAborted);
+    EXPECT_TRUE(Contains(s.message(), "rank 1 stopped: rank 1 shut down")) << s.message();
+    c.engines[0].reset();
+  }
+}
+
+TEST(Negotiation, ConfigValidation) {
+  std::unique_ptr<Engine> e;
+  auto world = FakeWorld::Create(1);
+  EngineConfig config;
+  config.fusion_threshold_bytes = -1;
+  Status s = Engine::Create(config, world->CreateTransport(0), &e);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(s.message(), "fusion_threshold_bytes")) << s.message();
+  config = EngineConfig();
+  config.cycle_time_ms = 0;
+  EXPECT_TRUE(Contains(config.Validate().message(), "cycle_time_ms"));
+  config = EngineConfig();
+  config.cache_capacity = -5;
+  EXPECT_TRUE(Contains(config.Validate().message(), "cache_capacity"));
+  config = EngineConfig();
+  config.stall_timeout_seconds = -1;
+  EXPECT_TRUE(Contains(config.Validate().message(), "stall_timeout_seconds"));
+  config = EngineConfig();
+  config.stall_warning_seconds = -1;
+  EXPECT_TRUE(Contains(config.Validate().message(), "stall_warning_seconds"));
+}
+
+TEST(Negotiation, SingleRankAndNoCache) {
+  EngineConfig config = TestConfig();
+  config.cache_capacity = 0;
+  config.fusion_threshold_bytes = 0;
+  Cluster c(1, config);
+  std::vector<char> in = Buffer(DataType::kFloat32, 3), out = Buffer(DataType::kFloat32, 3);
+  for (int i = 0; i < 3; ++i) Set(DataType::kFloat32, &in, i, i);
+  for (int it = 0; it < 3; ++it) {
+    auto f = Submit(c.engines[0].get(),
+                    AllreduceEntry("s", DataType::kFloat32, {3}, in, &out, ReduceOp::kMean));
+    ASSERT_TRUE(Await(&f).ok());
+    EXPECT_EQ(Get(DataType::kFloat32, out, 2), 2.0);
+  }
+  EXPECT_EQ(c.engines[0]->stats().fast_responses, 0);
+}
+
+}  // namespace
+}  // namespace mpistrategy
+
+namespace mpistrategy {
+namespace {
+
+TEST(Negotiation, TransportFailureIsSticky) {
+  // Two-rank world but only rank 0 runs an engine: its first BitwiseAnd
+  // cannot complete, the fake transport gives up and the error sticks.
+  auto world = FakeWorld::Create(2, 0, 0.2);
+  std::unique_ptr<Engine> engine;
+  ASSERT_TRUE(Engine::Create(TestConfig(), world->CreateTransport(0), &engine).ok());
+  std::vector<char> in = Buffer(DataType::kFloat32, 1), out = Buffer(DataType::kFloat32, 1);
+  auto f = Submit(engine.get(), AllreduceEntry("x", DataType::kFloat32, {1}, in, &out));
+  Status s = Await(&f, 10.0);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), "collective \"x\"")) << s.message();
+  auto g = Submit(engine.get(), AllreduceEntry("y", DataType::kFloat32, {1}, in, &out));
+  s = Await(&g, 1.0);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), "collective \"y\"")) << s.message();
+  engine.reset();  // must not hang
+}
+
+}  // namespace
+}  // namespace mpistrategy

@@ -1,0 +1,183 @@
+#include "cc/engine/negotiator.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace mpistrategy {
+
+namespace {
+
+std::string Mismatch(const Request& a, const Request& b,
+                     const std::string& field, const std::string& va,
+                     const std::string& vb, const std::string& suffix = "") {
+  return std::string("Mismatched ") + CollectiveTypeName(a.type) + " \"" +
+         a.name + "\": rank " + std::to_string(a.rank) + " has " + field +
+         " " + va + " but rank " + std::to_string(b.rank) + " has " + field +
+         " " + vb + suffix;
+}
+
+bool TrailingDimsMatch(const Shape& a, const Shape& b) {
+  return a.size() == b.size() && !a.empty() &&
+         std::equal(a.begin() + 1, a.end(), b.begin() + 1);
+}
+
+// Empty string when `b` agrees with the reference `a`.
+std::string CompareRequests(const Request& a, const Request& b) {
+  if (a.type != b.type) {
+    return "Mismatched collective \"" + a.name + "\": rank " +
+           std::to_string(a.rank) + " called " + CollectiveTypeName(a.type) +
+           " but rank " + std::to_string(b.rank) + " called " +
+           CollectiveTypeName(b.type);
+  }
+  if (a.type == CollectiveType::kBarrier) return "";
+  if (a.dtype != b.dtype) {
+    return Mismatch(a, b, "dtype", DataTypeName(a.dtype),
+                    DataTypeName(b.dtype));
+  }
+  if ((a.type == CollectiveType::kAllreduce ||
+       a.type == CollectiveType::kReducescatter) &&
+      a.reduce_op != b.reduce_op) {
+    return Mismatch(a, b, "reduce op", ReduceOpName(a.reduce_op),
+                    ReduceOpName(b.reduce_op));
+  }
+  if (a.type == CollectiveType::kBroadcast && a.root_rank != b.root_rank) {
+    return Mismatch(a, b, "root rank", std::to_string(a.root_rank),
+                    std::to_string(b.root_rank));
+  }
+  if (a.device != b.device) {
+    return Mismatch(a, b, "device", DeviceString(a.device),
+                    DeviceString(b.device));
+  }
+  if (a.type == CollectiveType::kAllgather ||
+      a.type == CollectiveType::kAlltoall) {
+    if (!TrailingDimsMatch(a.shape, b.shape)) {
+      return Mismatch(a, b, "shape", ShapeString(a.shape),
+                      ShapeString(b.shape),
+                      " (all dimensions but the first must match)");
+    }
+  } else if (a.shape != b.shape) {
+    return Mismatch(a, b, "shape", ShapeString(a.shape), ShapeString(b.shape));
+  }
+  return "";
+}
+
+}  // namespace
+
+Response BuildResponse(const std::string& name,
+                       const std::vector<Request>& requests) {
+  Response response;
+  response.names.push_back(name);
+  const Request& ref = requests[0];
+  for (size_t r = 1; r < requests.size(); ++r) {
+    std::string mismatch = CompareRequests(ref, requests[r]);
+    if (!mismatch.empty()) {
+      response.type = ResponseType::kError;
+      response.error_code = StatusCode::kFailedPrecondition;
+      response.error_message = std::move(mismatch);
+      return response;
+    }
+  }
+  const int size = static_cast<int>(requests.size());
+  response.type = ToResponseType(ref.type);
+  response.dtype = ref.dtype;
+  response.reduce_op = ref.reduce_op;
+  response.root_rank = ref.root_rank;
+  response.device = ref.device;
+  response.shapes.push_back(ref.shape);
+  if (ref.type == CollectiveType::kAllgather) {
+    for (const Request& q : requests) response.first_dims.push_back(q.shape[0]);
+  } else if (ref.type == CollectiveType::kAlltoall) {
+    for (const Request& q : requests) {
+      if (static_cast<int>(q.splits.size()) != size) {
+        response = Response();
+        response.names.push_back(name);
+        response.type = ResponseType::kError;
+        response.error_code = StatusCode::kFailedPrecondition;
+        response.error_message =
+            "Mismatched alltoall \"" + name + "\": rank " +
+            std::to_string(q.rank) + " sent " +
+            std::to_string(q.splits.size()) + " splits for " +
+            std::to_string(size) + " ranks";
+        return response;
+      }
+      response.splits.insert(response.splits.end(), q.splits.begin(),
+                             q.splits.end());
+    }
+  }
+  return response;
+}
+
+Negotiator::Negotiator(int world_size, StallInspector stall, Clock clock)
+    : world_size_(world_size), stall_(stall), clock_(std::move(clock)) {}
+
+void Negotiator::AddRequestList(int rank, const RequestList& list) {
+  if (list.shutdown && !shutdown_) {
+    shutdown_ = true;
+    shutdown_rank_ = rank;
+    shutdown_reason_ = list.shutdown_reason.empty()
+                           ? "rank " + std::to_string(rank) + " shut down"
+                           : list.shutdown_reason;
+  }
+  for (const Request& q : list.requests) {
+    auto it = table_.find(q.name);
+    if (it == table_.end()) {
+      Entry e;
+      e.pending.name = q.name;
+      e.pending.first_seen_seconds = clock_();
+      e.pending.submitted.assign(world_size_, false);
+      e.requests.resize(world_size_);
+      it = table_.emplace(q.name, std::move(e)).first;
+    }
+    Entry& e = it->second;
+    // A rank cannot announce a name twice (Enqueue rejects duplicates in
+    // flight), so a repeat is a protocol bug; keep the first.
+    if (e.pending.submitted[rank]) continue;
+    e.pending.submitted[rank] = true;
+    e.requests[rank] = q;
+    e.requests[rank].rank = rank;
+    if (++e.count == world_size_) ready_.push_back(q.name);
+  }
+}
+
+ResponseList Negotiator::ComputeResponses(std::vector<std::string>* warnings) {
+  ResponseList list;
+  for (const std::string& name : ready_) {
+    auto it = table_.find(name);
+    if (it == table_.end()) continue;
+    list.responses.push_back(BuildResponse(name, it->second.requests));
+    table_.erase(it);
+  }
+  ready_.clear();
+  if (stall_.enabled() && !table_.empty()) {
+    std::vector<PendingCollective*> pending;
+    pending.reserve(table_.size());
+    for (auto& kv : table_) pending.push_back(&kv.second.pending);
+    // Deterministic log/response order.
+    std::sort(pending.begin(), pending.end(),
+              [](const PendingCollective* a, const PendingCollective* b) {
+                return a->first_seen_seconds != b->first_seen_seconds
+                           ? a->first_seen_seconds < b->first_seen_seconds
+                           : a->name < b->name;
+              });
+    StallReport report = stall_.Inspect(pending, clock_());
+    for (std::string& w : report.warnings) warnings->push_back(std::move(w));
+    for (StallTimeout& t : report.timeouts) {
+      Response r;
+      r.type = ResponseType::kError;
+      r.names.push_back(t.name);
+      r.error_code = t.status.code();
+      r.error_message = t.status.message();
+      r.error_ranks = std::move(t.submitted_ranks);
+      list.responses.push_back(std::move(r));
+      table_.erase(t.name);
+    }
+  }
+  if (shutdown_) {
+    list.shutdown = true;
+    list.shutdown_rank = shutdown_rank_;
+    list.shutdown_reason = shutdown_reason_;
+  }
+  return list;
+}
+
+}  // namespace mpistrategy

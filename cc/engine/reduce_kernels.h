@@ -1,0 +1,29 @@
+// Element-wise host reductions over the engine's dtypes.
+//
+// Used by FakeTransport (all reductions), the MPI transport (float16 and
+// bfloat16 user-defined MPI_Ops) and the engine (MEAN = SUM / size).
+// float16/bfloat16 values are widened to float32, combined and rounded back
+// (round to nearest even) element by element.  bool: kSum/kMax are logical
+// OR, kMin/kProduct logical AND.  kMean combines like kSum.
+
+#ifndef MPISTRATEGY_CC_ENGINE_REDUCE_KERNELS_H_
+#define MPISTRATEGY_CC_ENGINE_REDUCE_KERNELS_H_
+
+#include <cstdint>
+
+#include "cc/engine/common.h"
+
+namespace mpistrategy {
+
+// inout[i] = op(inout[i], in[i]) for i in [0, count).  Thread-compatible.
+void ReduceInto(DataType dtype, ReduceOp op, const void* in, void* inout,
+                int64_t count);
+
+// data[i] /= divisor for floating dtypes (float16/bfloat16 are rounded back
+// to nearest even).  Returns InvalidArgument for non-floating dtypes.
+Status DivideInPlace(DataType dtype, void* data, int64_t count,
+                     int64_t divisor);
+
+}  // namespace mpistrategy
+
+#endif  // MPISTRATEGY_CC_ENGINE_REDUCE_KERNELS_H_

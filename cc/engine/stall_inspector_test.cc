@@ -1,0 +1,150 @@
+#include "cc/engine/stall_inspector.h"
+
+#include <string>
+#include <vector>
+
+#include "cc/engine/negotiator.h"
+#include "cc/testing/test.h"
+
+namespace mpistrategy {
+namespace {
+
+PendingCollective Make(const std::string& name, double t,
+                       std::vector<bool> submitted) {
+  PendingCollective p;
+  p.name = name;
+  p.first_seen_seconds = t;
+  p.submitted = std::move(submitted);
+  return p;
+}
+
+TEST(StallInspector, WarnsOncePerTensorWithRanks) {
+  StallInspector inspector(60.0, 0.0);
+  PendingCollective x = Make("X", 100.0, {true, false, true});
+  std::vector<PendingCollective*> table = {&x};
+  EXPECT_TRUE(inspector.Inspect(table, 159.0).warnings.empty());
+  StallReport r = inspector.Inspect(table, 161.0);
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_EQ(r.warnings[0],
+            "Stalled: collective \"X\" was submitted by ranks [0, 2] but not "
+            "by ranks [1] for 61 s");
+  EXPECT_TRUE(r.timeouts.empty());
+  EXPECT_TRUE(inspector.Inspect(table, 500.0).warnings.empty());
+}
+
+TEST(StallInspector, CapsTheWarningList) {
+  StallInspector inspector(1.0, 0.0);
+  std::vector<PendingCollective> all;
+  for (int i = 0; i < 30; ++i) {
+    all.push_back(Make("t" + std::to_string(i), 0.0, {true, false}));
+  }
+  std::vector<PendingCollective*> table;
+  for (auto& p : all) table.push_back(&p);
+  StallReport r = inspector.Inspect(table, 5.0);
+  ASSERT_EQ(r.warnings.size(),
+            static_cast<size_t>(StallInspector::kMaxStallWarningLines) + 1);
+  EXPECT_EQ(r.warnings.back(), "... and 10 more stalled collectives");
+}
+
+TEST(StallInspector, TimeoutNamesMissingAndSubmittingRanks) {
+  StallInspector inspector(0.0, 30.0);
+  PendingCollective x = Make("X", 0.0, {false, true, true});
+  std::vector<PendingCollective*> table = {&x};
+  EXPECT_TRUE(inspector.Inspect(table, 29.9).timeouts.empty());
+  StallReport r = inspector.Inspect(table, 30.0);
+  ASSERT_EQ(r.timeouts.size(), 1u);
+  EXPECT_EQ(r.timeouts[0].name, "X");
+  EXPECT_EQ(r.timeouts[0].submitted_ranks, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(r.timeouts[0].status.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(r.timeouts[0].status.message().rfind(
+                "Collective \"X\" timed out after 30 s waiting for ranks [0]",
+                0),
+            0u);
+  EXPECT_FALSE(inspector.enabled() == false);
+  EXPECT_FALSE(StallInspector(0.0, 0.0).enabled());
+}
+
+TEST(Negotiator, StallTimeoutBecomesErrorResponseWithFakeClock) {
+  double now = 0.0;
+  Negotiator negotiator(3, StallInspector(1.0, 10.0), [&now] { return now; });
+  RequestList list;
+  Request q;
+  q.name = "X";
+  q.shape = {2};
+  list.requests.push_back(q);
+  negotiator.AddRequestList(0, list);
+  negotiator.AddRequestList(2, list);
+  std::vector<std::string> warnings;
+  EXPECT_TRUE(negotiator.ComputeResponses(&warnings).responses.empty());
+  now = 2.0;
+  EXPECT_TRUE(negotiator.ComputeResponses(&warnings).responses.empty());
+  ASSERT_EQ(warnings.size(), 1u);
+  now = 11.0;
+  ResponseList r = negotiator.ComputeResponses(&warnings);
+  ASSERT_EQ(r.responses.size(), 1u);
+  EXPECT_EQ(r.responses[0].type, ResponseType::kError);
+  EXPECT_EQ(r.responses[0].error_code, StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(r.responses[0].error_ranks, (std::vector<int32_t>{0, 2}));
+  EXPECT_EQ(negotiator.num_pending(), 0u);
+}
+
+TEST(Negotiator, CompletesInOrderAndReportsShutdown) {
+  Negotiator negotiator(2, StallInspector(0.0, 0.0), [] { return 0.0; });
+  RequestList a, b;
+  for (const char* n : {"p", "q"}) {
+    Request r;
+    r.name = n;
+    r.shape = {4};
+    a.requests.push_back(r);
+  }
+  b.requests = {a.requests[1], a.requests[0]};
+  b.shutdown = true;
+  negotiator.AddRequestList(0, a);
+  negotiator.AddRequestList(1, b);
+  std::vector<std::string> warnings;
+  ResponseList r = negotiator.ComputeResponses(&warnings);
+  ASSERT_EQ(r.responses.size(), 2u);
+  EXPECT_EQ(r.responses[0].names[0], "q");
+  EXPECT_EQ(r.responses[1].names[0], "p");
+  EXPECT_TRUE(r.shutdown);
+  EXPECT_EQ(r.ShutdownString(), "rank 1: rank 1 shut down");
+}
+
+TEST(Negotiator, BuildResponseMessages) {
+  Request a;
+  a.rank = 0;
+  a.name = "grad/dense_1";
+  a.shape = {3, 4};
+  Request b = a;
+  b.rank = 1;
+  b.shape = {5, 4};
+  Response r = BuildResponse("grad/dense_1", {a, b});
+  EXPECT_EQ(r.type, ResponseType::kError);
+  EXPECT_EQ(r.error_code, StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r.error_message,
+            "Mismatched allreduce \"grad/dense_1\": rank 0 has shape [3, 4] "
+            "but rank 1 has shape [5, 4]");
+  b = a;
+  b.rank = 1;
+  b.type = CollectiveType::kAllgather;
+  EXPECT_EQ(BuildResponse("grad/dense_1", {a, b}).error_message,
+            "Mismatched collective \"grad/dense_1\": rank 0 called allreduce "
+            "but rank 1 called allgather");
+  b = a;
+  b.rank = 1;
+  b.device = 0;
+  EXPECT_EQ(BuildResponse("grad/dense_1", {a, b}).error_message,
+            "Mismatched allreduce \"grad/dense_1\": rank 0 has device cpu but "
+            "rank 1 has device gpu:0");
+  // Allgather: first dims may differ.
+  a.type = b.type = CollectiveType::kAllgather;
+  b = a;
+  b.rank = 1;
+  b.shape = {7, 4};
+  r = BuildResponse("g", {a, b});
+  EXPECT_EQ(r.type, ResponseType::kAllgather);
+  EXPECT_EQ(r.first_dims, (std::vector<int64_t>{3, 7}));
+}
+
+}  // namespace
+}  // namespace mpistrategy

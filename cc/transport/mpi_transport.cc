@@ -1,0 +1,416 @@
+#include "cc/transport/mpi_transport.h"
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstring>
+
+#include "cc/engine/reduce_kernels.h"
+
+namespace mpistrategy {
+
+namespace {
+
+// Largest element count passed to one MPI call (MPI counts are int).
+constexpr int64_t kMaxChunk = INT_MAX;
+
+// Whether EnsureMpiInitialized called MPI_Init_thread.  MPI initialisation
+// is itself process-wide state, so this one flag mirrors it; nothing else in
+// the library is global.
+std::atomic<bool> g_we_initialized_mpi{false};
+
+Status MpiError(int rc, const char* what) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) {
+    len = 0;
+  }
+  return Status::Unavailable(std::string("MPI error in ") + what + ": " +
+                             std::string(text, len) + " (code " +
+                             std::to_string(rc) + ")");
+}
+
+#define MPISTRATEGY_MPI_CHECK(call, what)              \
+  do {                                                 \
+    const int rc_ = (call);                            \
+    if (rc_ != MPI_SUCCESS) return MpiError(rc_, what); \
+  } while (0)
+
+template <int kDtype, int kOp>
+void HalfReduce(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
+  ReduceInto(static_cast<DataType>(kDtype), static_cast<ReduceOp>(kOp), in,
+             inout, *len);
+}
+
+using MpiUserFn = void (*)(void*, void*, int*, MPI_Datatype*);
+
+template <int kDtype>
+MpiUserFn HalfReduceFn(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kMean:
+      return &HalfReduce<kDtype, static_cast<int>(ReduceOp::kSum)>;
+    case ReduceOp::kMin:
+      return &HalfReduce<kDtype, static_cast<int>(ReduceOp::kMin)>;
+    case ReduceOp::kMax:
+      return &HalfReduce<kDtype, static_cast<int>(ReduceOp::kMax)>;
+    case ReduceOp::kProduct:
+      return &HalfReduce<kDtype, static_cast<int>(ReduceOp::kProduct)>;
+  }
+  return nullptr;
+}
+
+Status CheckIntRange(int64_t v, const char* what) {
+  if (v < 0 || v > INT_MAX) {
+    return Status::InvalidArgument(
+        std::string("MpiTransport: ") + what + " of " + std::to_string(v) +
+        " does not fit an MPI int count; split the tensor into pieces below "
+        "2^31 elements");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status EnsureMpiInitialized(bool* we_initialized, int* provided_level) {
+  *we_initialized = false;
+  int finalized = 0;
+  MPISTRATEGY_MPI_CHECK(MPI_Finalized(&finalized), "MPI_Finalized");
+  if (finalized) {
+    return Status::FailedPrecondition(
+        "MPI has already been finalized in this process; mpistrategy cannot "
+        "be initialized again after MPI_Finalize");
+  }
+  int initialized = 0;
+  MPISTRATEGY_MPI_CHECK(MPI_Initialized(&initialized), "MPI_Initialized");
+  int provided = 0;
+  if (!initialized) {
+    MPISTRATEGY_MPI_CHECK(
+        MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided),
+        "MPI_Init_thread");
+    *we_initialized = true;
+    g_we_initialized_mpi = true;
+  } else {
+    MPISTRATEGY_MPI_CHECK(MPI_Query_thread(&provided), "MPI_Query_thread");
+  }
+  if (provided_level != nullptr) *provided_level = provided;
+  return Status::Ok();
+}
+
+void FinalizeMpiIfWeInitialized() {
+  if (!g_we_initialized_mpi.exchange(false)) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+Status MpiTransport::Create(MPI_Comm parent, std::unique_ptr<Transport>* out) {
+  int initialized = 0;
+  MPISTRATEGY_MPI_CHECK(MPI_Initialized(&initialized), "MPI_Initialized");
+  int finalized = 0;
+  MPISTRATEGY_MPI_CHECK(MPI_Finalized(&finalized), "MPI_Finalized");
+  if (!initialized || finalized) {
+    return Status::FailedPrecondition(
+        "MpiTransport::Create: MPI is not initialized (call "
+        "EnsureMpiInitialized first)");
+  }
+  int provided = 0;
+  MPISTRATEGY_MPI_CHECK(MPI_Query_thread(&provided), "MPI_Query_thread");
+  if (provided < MPI_THREAD_SERIALIZED) {
+    return Status::FailedPrecondition(
+        "MPI was initialized with thread level " + std::to_string(provided) +
+        " but mpistrategy's background thread needs at least "
+        "MPI_THREAD_SERIALIZED (initialize MPI with MPI_THREAD_MULTIPLE, "
+        "e.g. mpi4py's default)");
+  }
+  std::unique_ptr<MpiTransport> t(new MpiTransport());
+  MPISTRATEGY_RETURN_IF_ERROR(t->Init(parent));
+  *out = std::move(t);
+  return Status::Ok();
+}
+
+Status MpiTransport::Init(MPI_Comm parent) {
+  MPISTRATEGY_MPI_CHECK(MPI_Comm_dup(parent, &comm_), "MPI_Comm_dup");
+  MPISTRATEGY_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN),
+                        "MPI_Comm_set_errhandler");
+  MPISTRATEGY_MPI_CHECK(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+  MPISTRATEGY_MPI_CHECK(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+  MPISTRATEGY_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED,
+                                            rank_, MPI_INFO_NULL,
+                                            &local_comm_),
+                        "MPI_Comm_split_type");
+  MPISTRATEGY_MPI_CHECK(MPI_Comm_set_errhandler(local_comm_, MPI_ERRORS_RETURN),
+                        "MPI_Comm_set_errhandler");
+  MPISTRATEGY_MPI_CHECK(MPI_Comm_rank(local_comm_, &local_rank_),
+                        "MPI_Comm_rank");
+  MPISTRATEGY_MPI_CHECK(MPI_Comm_size(local_comm_, &local_size_),
+                        "MPI_Comm_size");
+  MPISTRATEGY_MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &half_type_),
+                        "MPI_Type_contiguous");
+  MPISTRATEGY_MPI_CHECK(MPI_Type_commit(&half_type_), "MPI_Type_commit");
+  for (int d = 0; d < 2; ++d) {
+    for (int o = 0; o < 5; ++o) half_ops_[d][o] = MPI_OP_NULL;
+  }
+  ops_created_ = true;
+  for (int o = 0; o < 5; ++o) {
+    const ReduceOp op = static_cast<ReduceOp>(o);
+    if (op == ReduceOp::kMean) continue;
+    MPISTRATEGY_MPI_CHECK(
+        MPI_Op_create(HalfReduceFn<static_cast<int>(DataType::kFloat16)>(op),
+                      1, &half_ops_[0][o]),
+        "MPI_Op_create");
+    MPISTRATEGY_MPI_CHECK(
+        MPI_Op_create(HalfReduceFn<static_cast<int>(DataType::kBFloat16)>(op),
+                      1, &half_ops_[1][o]),
+        "MPI_Op_create");
+  }
+  return Status::Ok();
+}
+
+MpiTransport::~MpiTransport() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;  // too late to free anything
+  if (ops_created_) {
+    for (auto& row : half_ops_) {
+      for (MPI_Op& op : row) {
+        if (op != MPI_OP_NULL) MPI_Op_free(&op);
+      }
+    }
+  }
+  if (half_type_ != MPI_DATATYPE_NULL) MPI_Type_free(&half_type_);
+  if (local_comm_ != MPI_COMM_NULL) MPI_Comm_free(&local_comm_);
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+void MpiTransport::Map(DataType dtype, ReduceOp op, MPI_Datatype* mpi_type,
+                       MPI_Op* mpi_op) const {
+  const ReduceOp o = op == ReduceOp::kMean ? ReduceOp::kSum : op;
+  switch (dtype) {
+    case DataType::kFloat16:
+    case DataType::kBFloat16:
+      *mpi_type = half_type_;
+      *mpi_op = half_ops_[dtype == DataType::kFloat16 ? 0 : 1]
+                         [static_cast<int>(o)];
+      return;
+    case DataType::kBool:
+      *mpi_type = MPI_C_BOOL;
+      *mpi_op = (o == ReduceOp::kSum || o == ReduceOp::kMax) ? MPI_LOR
+                                                             : MPI_LAND;
+      return;
+    case DataType::kUint8:
+      *mpi_type = MPI_UINT8_T;
+      break;
+    case DataType::kInt8:
+      *mpi_type = MPI_INT8_T;
+      break;
+    case DataType::kInt32:
+      *mpi_type = MPI_INT32_T;
+      break;
+    case DataType::kInt64:
+      *mpi_type = MPI_INT64_T;
+      break;
+    case DataType::kFloat32:
+      *mpi_type = MPI_FLOAT;
+      break;
+    case DataType::kFloat64:
+      *mpi_type = MPI_DOUBLE;
+      break;
+  }
+  switch (o) {
+    case ReduceOp::kSum:
+    case ReduceOp::kMean:
+      *mpi_op = MPI_SUM;
+      break;
+    case ReduceOp::kMin:
+      *mpi_op = MPI_MIN;
+      break;
+    case ReduceOp::kMax:
+      *mpi_op = MPI_MAX;
+      break;
+    case ReduceOp::kProduct:
+      *mpi_op = MPI_PROD;
+      break;
+  }
+}
+
+Status MpiTransport::BitwiseAnd(std::vector<uint64_t>* bits) {
+  MPISTRATEGY_RETURN_IF_ERROR(
+      CheckIntRange(static_cast<int64_t>(bits->size()), "bit vector length"));
+  MPISTRATEGY_MPI_CHECK(
+      MPI_Allreduce(MPI_IN_PLACE, bits->data(), static_cast<int>(bits->size()),
+                    MPI_UINT64_T, MPI_BAND, comm_),
+      "MPI_Allreduce(BAND)");
+  return Status::Ok();
+}
+
+Status MpiTransport::GatherBytes(const std::string& mine,
+                                 std::vector<std::string>* all) {
+  MPISTRATEGY_RETURN_IF_ERROR(CheckIntRange(
+      static_cast<int64_t>(mine.size()), "negotiation message size"));
+  int my_size = static_cast<int>(mine.size());
+  counts_.resize(size_);
+  MPISTRATEGY_MPI_CHECK(MPI_Gather(&my_size, 1, MPI_INT, counts_.data(), 1,
+                                   MPI_INT, 0, comm_),
+                        "MPI_Gather");
+  all->clear();
+  int64_t total = 0;
+  if (rank_ == 0) {
+    displs_.resize(size_);
+    for (int r = 0; r < size_; ++r) {
+      displs_[r] = static_cast<int>(std::min<int64_t>(total, INT_MAX));
+      total += counts_[r];
+    }
+    gathered_.resize(static_cast<size_t>(std::min<int64_t>(total, INT_MAX)));
+  }
+  // Every rank must enter Gatherv; an oversized total is reported after.
+  const bool too_big = rank_ == 0 && total > INT_MAX;
+  MPISTRATEGY_MPI_CHECK(
+      MPI_Gatherv(mine.data(), my_size, MPI_BYTE,
+                  too_big ? nullptr : &gathered_[0], counts_.data(),
+                  displs_.empty() ? nullptr : displs_.data(), MPI_BYTE, 0,
+                  comm_),
+      "MPI_Gatherv");
+  if (rank_ == 0) {
+    MPISTRATEGY_RETURN_IF_ERROR(
+        CheckIntRange(total, "total negotiation message size"));
+    for (int r = 0; r < size_; ++r) {
+      all->emplace_back(gathered_.data() + displs_[r], counts_[r]);
+    }
+  }
+  return Status::Ok();
+}
+
+Status MpiTransport::BroadcastBytes(std::string* bytes) {
+  uint64_t n = bytes->size();
+  MPISTRATEGY_MPI_CHECK(MPI_Bcast(&n, 1, MPI_UINT64_T, 0, comm_),
+                        "MPI_Bcast(size)");
+  if (rank_ != 0) bytes->resize(n);
+  if (n == 0) return Status::Ok();
+  return Broadcast(&(*bytes)[0], static_cast<int64_t>(n), 0);
+}
+
+Status MpiTransport::Allreduce(const void* in, void* out, int64_t count,
+                               DataType dtype, ReduceOp op) {
+  MPI_Datatype type;
+  MPI_Op mpi_op;
+  Map(dtype, op, &type, &mpi_op);
+  const int64_t esize = DataTypeSize(dtype);
+  for (int64_t done = 0; done < count; done += kMaxChunk) {
+    const int n = static_cast<int>(std::min(kMaxChunk, count - done));
+    char* dst = static_cast<char*>(out) + done * esize;
+    const void* src = in == out ? MPI_IN_PLACE
+                                : static_cast<const char*>(in) + done * esize;
+    MPISTRATEGY_MPI_CHECK(MPI_Allreduce(src, dst, n, type, mpi_op, comm_),
+                          "MPI_Allreduce");
+  }
+  return Status::Ok();
+}
+
+Status MpiTransport::Allgatherv(const void* in, void* out,
+                                const std::vector<int64_t>& bytes_per_rank) {
+  int64_t total = 0;
+  bool fits = true;
+  counts_.resize(size_);
+  displs_.resize(size_);
+  for (int r = 0; r < size_; ++r) {
+    if (bytes_per_rank[r] > INT_MAX || total > INT_MAX) fits = false;
+    counts_[r] = static_cast<int>(std::min<int64_t>(bytes_per_rank[r], INT_MAX));
+    displs_[r] = static_cast<int>(std::min<int64_t>(total, INT_MAX));
+    total += bytes_per_rank[r];
+  }
+  if (fits) {
+    MPISTRATEGY_MPI_CHECK(
+        MPI_Allgatherv(in, counts_[rank_], MPI_BYTE, out, counts_.data(),
+                       displs_.data(), MPI_BYTE, comm_),
+        "MPI_Allgatherv");
+    return Status::Ok();
+  }
+  // Large: every rank broadcasts its block (chunked).
+  char* dst = static_cast<char*>(out);
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_ && bytes_per_rank[r] > 0) {
+      std::memmove(dst, in, bytes_per_rank[r]);
+    }
+    MPISTRATEGY_RETURN_IF_ERROR(Broadcast(dst, bytes_per_rank[r], r));
+    dst += bytes_per_rank[r];
+  }
+  return Status::Ok();
+}
+
+Status MpiTransport::Broadcast(void* buffer, int64_t bytes, int root_rank) {
+  char* p = static_cast<char*>(buffer);
+  for (int64_t done = 0; done < bytes; done += kMaxChunk) {
+    const int n = static_cast<int>(std::min(kMaxChunk, bytes - done));
+    MPISTRATEGY_MPI_CHECK(MPI_Bcast(p + done, n, MPI_BYTE, root_rank, comm_),
+                          "MPI_Bcast");
+  }
+  return Status::Ok();
+}
+
+Status MpiTransport::Reducescatter(const void* in, void* out,
+                                   const std::vector<int64_t>& counts,
+                                   DataType dtype, ReduceOp op) {
+  counts_.resize(size_);
+  int64_t total = 0;
+  for (int r = 0; r < size_; ++r) {
+    total += counts[r];
+    counts_[r] = static_cast<int>(std::min<int64_t>(counts[r], INT_MAX));
+  }
+  // Every rank sees the same counts, so every rank rejects together.
+  MPISTRATEGY_RETURN_IF_ERROR(CheckIntRange(total, "reducescatter count"));
+  MPI_Datatype type;
+  MPI_Op mpi_op;
+  Map(dtype, op, &type, &mpi_op);
+  MPISTRATEGY_MPI_CHECK(MPI_Reduce_scatter(in, out,
+                                           counts_.data(), type, mpi_op,
+                                           comm_),
+                        "MPI_Reduce_scatter");
+  return Status::Ok();
+}
+
+Status MpiTransport::Alltoallv(const void* in,
+                               const std::vector<int64_t>& send_bytes,
+                               void* out,
+                               const std::vector<int64_t>& recv_bytes) {
+  std::vector<int> scounts(size_), sdispls(size_), rcounts(size_),
+      rdispls(size_);
+  int64_t stotal = 0;
+  int64_t rtotal = 0;
+  Status range;
+  for (int r = 0; r < size_; ++r) {
+    if (range.ok()) range = CheckIntRange(send_bytes[r], "alltoall block");
+    if (range.ok()) range = CheckIntRange(recv_bytes[r], "alltoall block");
+    if (range.ok()) range = CheckIntRange(stotal, "alltoall offset");
+    if (range.ok()) range = CheckIntRange(rtotal, "alltoall offset");
+    scounts[r] = static_cast<int>(std::min<int64_t>(send_bytes[r], INT_MAX));
+    rcounts[r] = static_cast<int>(std::min<int64_t>(recv_bytes[r], INT_MAX));
+    sdispls[r] = static_cast<int>(std::min<int64_t>(stotal, INT_MAX));
+    rdispls[r] = static_cast<int>(std::min<int64_t>(rtotal, INT_MAX));
+    stotal += send_bytes[r];
+    rtotal += recv_bytes[r];
+  }
+  // A local range error would strand the peers; fail the collective on
+  // every rank by agreeing first.
+  int ok = range.ok() ? 1 : 0;
+  MPISTRATEGY_MPI_CHECK(
+      MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_LAND, comm_),
+      "MPI_Allreduce(LAND)");
+  if (!range.ok()) return range;
+  if (!ok) {
+    return Status::InvalidArgument(
+        "MpiTransport: alltoall block too large on another rank");
+  }
+  MPISTRATEGY_MPI_CHECK(
+      MPI_Alltoallv(in, scounts.data(), sdispls.data(), MPI_BYTE, out,
+                    rcounts.data(), rdispls.data(), MPI_BYTE, comm_),
+      "MPI_Alltoallv");
+  return Status::Ok();
+}
+
+Status MpiTransport::Barrier() {
+  MPISTRATEGY_MPI_CHECK(MPI_Barrier(comm_), "MPI_Barrier");
+  return Status::Ok();
+}
+
+}  // namespace mpistrategy

@@ -1,0 +1,101 @@
+// Transport over MPI (CPU tensors, and the control plane for every device).
+//
+// The transport owns a private duplicate of the parent communicator, so our
+// traffic never matches user (e.g. mpi4py) messages and a new engine after
+// re-initialisation starts from a clean communicator.  Errors on it return
+// (MPI_ERRORS_RETURN) and become Status values carrying MPI_Error_string.
+//
+// Threading: Create and the destructor run on the caller's thread; every
+// other method runs on the engine thread only.  MPI must provide at least
+// MPI_THREAD_SERIALIZED (Create checks).
+
+#ifndef MPISTRATEGY_CC_TRANSPORT_MPI_TRANSPORT_H_
+#define MPISTRATEGY_CC_TRANSPORT_MPI_TRANSPORT_H_
+
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cc/transport/transport.h"
+
+namespace mpistrategy {
+
+// Initialises MPI with MPI_THREAD_MULTIPLE unless something (e.g. mpi4py)
+// already did.  *we_initialized says whether this call initialised it; if
+// `provided_level` is not null it receives the thread level MPI provides.
+// Fails (FailedPrecondition) when MPI was already finalized.
+Status EnsureMpiInitialized(bool* we_initialized,
+                            int* provided_level = nullptr);
+
+// Calls MPI_Finalize if EnsureMpiInitialized initialised MPI in this process
+// and MPI is not finalized yet.  Destroy every MpiTransport first.
+void FinalizeMpiIfWeInitialized();
+
+class MpiTransport : public Transport {
+ public:
+  // Duplicates `parent` (MPI must be initialised), sets MPI_ERRORS_RETURN on
+  // the duplicate and splits it by host (MPI_COMM_TYPE_SHARED) for
+  // local_rank/local_size.
+  static Status Create(MPI_Comm parent, std::unique_ptr<Transport>* out);
+
+  // Frees the communicators, datatypes and ops (before MPI_Finalize).
+  ~MpiTransport() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int local_rank() const override { return local_rank_; }
+  int local_size() const override { return local_size_; }
+
+  Status BitwiseAnd(std::vector<uint64_t>* bits) override;
+  Status GatherBytes(const std::string& mine,
+                     std::vector<std::string>* all) override;
+  Status BroadcastBytes(std::string* bytes) override;
+  // float16/bfloat16 reduce through user-defined MPI_Ops; bool uses
+  // MPI_C_BOOL with LOR (sum, max) / LAND (min, product).  kMean reduces
+  // like kSum (the engine divides).  Counts above INT_MAX are chunked.
+  Status Allreduce(const void* in, void* out, int64_t count, DataType dtype,
+                   ReduceOp op) override;
+  Status Allgatherv(const void* in, void* out,
+                    const std::vector<int64_t>& bytes_per_rank) override;
+  Status Broadcast(void* buffer, int64_t bytes, int root_rank) override;
+  // Counts above INT_MAX (per rank) are rejected with InvalidArgument.
+  Status Reducescatter(const void* in, void* out,
+                       const std::vector<int64_t>& counts, DataType dtype,
+                       ReduceOp op) override;
+  // Byte counts / displacements above INT_MAX are rejected.
+  Status Alltoallv(const void* in, const std::vector<int64_t>& send_bytes,
+                   void* out,
+                   const std::vector<int64_t>& recv_bytes) override;
+  Status Barrier() override;
+
+  MPI_Comm comm() const { return comm_; }
+
+ private:
+  MpiTransport() = default;
+  Status Init(MPI_Comm parent);
+  // MPI datatype and op for (dtype, op).
+  void Map(DataType dtype, ReduceOp op, MPI_Datatype* mpi_type,
+           MPI_Op* mpi_op) const;
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm local_comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  int local_rank_ = 0;
+  int local_size_ = 1;
+  // A 2-byte contiguous type for float16/bfloat16.
+  MPI_Datatype half_type_ = MPI_DATATYPE_NULL;
+  // [0] float16, [1] bfloat16; index by ReduceOp (kMean unused -> kSum).
+  MPI_Op half_ops_[2][5];
+  bool ops_created_ = false;
+  // Reused by the control plane.
+  std::vector<int> counts_;
+  std::vector<int> displs_;
+  std::string gathered_;
+};
+
+}  // namespace mpistrategy
+
+#endif  // MPISTRATEGY_CC_TRANSPORT_MPI_TRANSPORT_H_

@@ -1,0 +1,305 @@
+// Checks MpiTransport and the engine over real MPI.  Run under mpirun:
+//
+//   mpirun --allow-run-as-root --oversubscribe -np 2 mpi_transport_check
+//   mpirun --allow-run-as-root --oversubscribe -np 3 mpi_transport_check
+//
+// Every rank prints "rank R: PASS" (exit 0) or the failures (exit 1).
+
+#include <cmath>
+#include <cstdio>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cc/engine/engine.h"
+#include "cc/engine/float16.h"
+#include "cc/transport/mpi_transport.h"
+
+namespace mpistrategy {
+namespace {
+
+int g_failures = 0;
+int g_rank = 0;
+
+#define CHECK_TRUE(cond, ...)                                       \
+  do {                                                              \
+    if (!(cond)) {                                                  \
+      ++g_failures;                                                 \
+      std::fprintf(stderr, "rank %d: %s:%d: check failed: %s: ", g_rank, \
+                   __FILE__, __LINE__, #cond);                      \
+      std::fprintf(stderr, __VA_ARGS__);                            \
+      std::fprintf(stderr, "\n");                                   \
+    }                                                               \
+  } while (0)
+
+#define CHECK_OK(expr)                                                   \
+  do {                                                                   \
+    Status s_ = (expr);                                                  \
+    CHECK_TRUE(s_.ok(), "%s", s_.ToString().c_str());                    \
+  } while (0)
+
+using ToF = float (*)(uint16_t);
+using FromF = uint16_t (*)(float);
+
+// float16/bfloat16 allreduce of values with closed-form results.
+void CheckHalf(Transport* t, DataType dtype, ToF to, FromF from) {
+  const int n = t->size();
+  const int r = t->rank();
+  const int64_t count = 1000;
+  std::vector<uint16_t> in(count), out(count);
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax,
+                      ReduceOp::kProduct}) {
+    for (int64_t i = 0; i < count; ++i) {
+      float v = static_cast<float>((r + 1) * (i % 7) - 3 * r);
+      if (op == ReduceOp::kProduct) v = (i % 2 ? 0.5f : -2.0f) * (r + 1);
+      in[i] = from(v);
+    }
+    CHECK_OK(t->Allreduce(in.data(), out.data(), count, dtype, op));
+    for (int64_t i = 0; i < count; ++i) {
+      double want = 0;
+      const double k = i % 7;
+      switch (op) {
+        case ReduceOp::kSum:
+          want = k * n * (n + 1) / 2 - 3.0 * n * (n - 1) / 2;
+          break;
+        case ReduceOp::kMin:
+          want = std::min(k, k * n - 3.0 * (n - 1));
+          break;
+        case ReduceOp::kMax:
+          want = std::max(k, k * n - 3.0 * (n - 1));
+          break;
+        case ReduceOp::kProduct: {
+          want = 1;
+          for (int q = 0; q < n; ++q) want *= (i % 2 ? 0.5 : -2.0) * (q + 1);
+          break;
+        }
+        default:
+          break;
+      }
+      if (to(out[i]) != static_cast<float>(want)) {
+        CHECK_TRUE(false, "%s %s element %ld: got %g want %g",
+                   DataTypeName(dtype), ReduceOpName(op),
+                   static_cast<long>(i), to(out[i]), want);
+        break;
+      }
+    }
+  }
+  // Rounding: with two ranks, a + b is rounded once to nearest even.
+  if (n == 2) {
+    for (int64_t i = 0; i < count; ++i) {
+      const float v = r == 0 ? 1.0f + i * 0.37f : 0.001f * (i + 1);
+      in[i] = from(v);
+    }
+    CHECK_OK(t->Allreduce(in.data(), out.data(), count, dtype, ReduceOp::kSum));
+    for (int64_t i = 0; i < count; ++i) {
+      const float a = to(from(1.0f + i * 0.37f));
+      const float b = to(from(0.001f * (i + 1)));
+      if (out[i] != from(a + b)) {
+        CHECK_TRUE(false, "%s rounding element %ld: got %g want %g",
+                   DataTypeName(dtype), static_cast<long>(i), to(out[i]),
+                   to(from(a + b)));
+        break;
+      }
+    }
+    // In place.
+    for (int64_t i = 0; i < count; ++i) in[i] = from(1.5f);
+    CHECK_OK(t->Allreduce(in.data(), in.data(), count, dtype, ReduceOp::kSum));
+    CHECK_TRUE(to(in[5]) == 3.0f, "in-place got %g", to(in[5]));
+  }
+}
+
+void CheckBool(Transport* t) {
+  const int n = t->size();
+  const int r = t->rank();
+  const int64_t count = 64;
+  std::vector<uint8_t> in(count), out(count);
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin,
+                      ReduceOp::kProduct}) {
+    const bool is_or = op == ReduceOp::kSum || op == ReduceOp::kMax;
+    // OR: true where some rank has i % (n+1) == rank; AND: true where every
+    // rank has i % (n+1) != rank, i.e. i % (n+1) == n.
+    for (int64_t i = 0; i < count; ++i) {
+      in[i] = is_or ? (i % (n + 1) == r) : (i % (n + 1) != r);
+    }
+    CHECK_OK(t->Allreduce(in.data(), out.data(), count, DataType::kBool, op));
+    for (int64_t i = 0; i < count; ++i) {
+      const bool want = is_or ? (i % (n + 1) < n) : (i % (n + 1) == n);
+      CHECK_TRUE((out[i] != 0) == want, "bool %s element %ld",
+                 ReduceOpName(op), static_cast<long>(i));
+    }
+  }
+}
+
+template <typename T>
+void CheckNative(Transport* t, DataType dtype) {
+  const int n = t->size();
+  const int r = t->rank();
+  const int64_t count = 100;
+  std::vector<T> in(count), out(count);
+  for (int64_t i = 0; i < count; ++i) in[i] = static_cast<T>((i % 9) + r);
+  CHECK_OK(t->Allreduce(in.data(), out.data(), count, dtype, ReduceOp::kSum));
+  CHECK_OK(t->Allreduce(in.data(), in.data(), count, dtype, ReduceOp::kMax));
+  for (int64_t i = 0; i < count; ++i) {
+    CHECK_TRUE(out[i] == static_cast<T>((i % 9) * n + n * (n - 1) / 2),
+               "%s sum element %ld", DataTypeName(dtype), static_cast<long>(i));
+    CHECK_TRUE(in[i] == static_cast<T>((i % 9) + n - 1), "%s max",
+               DataTypeName(dtype));
+  }
+}
+
+void CheckControlAndData(Transport* t) {
+  const int n = t->size();
+  const int r = t->rank();
+  std::vector<uint64_t> bits = {~0ull ^ (1ull << r), 0xffull, 1ull << 63};
+  CHECK_OK(t->BitwiseAnd(&bits));
+  uint64_t want0 = ~0ull;
+  for (int q = 0; q < n; ++q) want0 ^= 1ull << q;
+  CHECK_TRUE(bits[0] == want0 && bits[1] == 0xff && bits[2] == 1ull << 63,
+             "BitwiseAnd");
+  std::vector<std::string> all;
+  CHECK_OK(t->GatherBytes(std::string(r + 1, static_cast<char>('a' + r)), &all));
+  if (r == 0) {
+    CHECK_TRUE(static_cast<int>(all.size()) == n, "gather size");
+    for (int q = 0; q < n && q < static_cast<int>(all.size()); ++q) {
+      CHECK_TRUE(all[q] == std::string(q + 1, static_cast<char>('a' + q)),
+                 "gather %d", q);
+    }
+  } else {
+    CHECK_TRUE(all.empty(), "gather on non-root");
+  }
+  std::string b = r == 0 ? std::string("hello from rank 0") : std::string("x");
+  CHECK_OK(t->BroadcastBytes(&b));
+  CHECK_TRUE(b == "hello from rank 0", "BroadcastBytes got %s", b.c_str());
+  // Reducescatter: rows split 1 extra on rank 0.
+  std::vector<int64_t> counts(n, 2);
+  counts[0] = 3;
+  int64_t total = 2 * n + 1;
+  std::vector<float> in(total), out(counts[r]);
+  for (int64_t i = 0; i < total; ++i) in[i] = static_cast<float>(i * (r + 1));
+  CHECK_OK(t->Reducescatter(in.data(), out.data(), counts, DataType::kFloat32,
+                            ReduceOp::kSum));
+  const int64_t offset = r == 0 ? 0 : 3 + 2 * (r - 1);
+  for (int64_t i = 0; i < counts[r]; ++i) {
+    CHECK_TRUE(out[i] == static_cast<float>((offset + i) * n * (n + 1) / 2),
+               "reducescatter %ld", static_cast<long>(i));
+  }
+  CHECK_OK(t->Barrier());
+}
+
+// The engine end to end over MPI.
+void CheckEngine(int round) {
+  std::unique_ptr<Transport> transport;
+  CHECK_OK(MpiTransport::Create(MPI_COMM_WORLD, &transport));
+  if (!transport) return;
+  EngineConfig config;
+  config.fusion_threshold_bytes = 1 << 20;
+  std::unique_ptr<Engine> engine;
+  CHECK_OK(Engine::Create(config, std::move(transport), &engine));
+  if (!engine) return;
+  const int n = engine->size();
+  const int r = engine->rank();
+  for (int it = 0; it < 20; ++it) {
+    std::vector<std::vector<float>> ins(10), outs(10);
+    std::vector<std::future<Status>> fs;
+    for (int k = 0; k < 10; ++k) {
+      const int idx = (k + r * 3) % 10;  // different order per rank
+      ins[idx].assign(100 + idx, static_cast<float>(r + idx + round));
+      outs[idx].assign(100 + idx, -1.0f);
+      auto p = std::make_shared<std::promise<Status>>();
+      fs.push_back(p->get_future());
+      TensorEntry e;
+      e.name = "t" + std::to_string(idx);
+      e.dtype = DataType::kFloat32;
+      e.shape = {100 + idx};
+      e.reduce_op = idx % 2 ? ReduceOp::kMean : ReduceOp::kSum;
+      e.input = ins[idx].data();
+      e.output = outs[idx].data();
+      e.done = [p](const Status& s) { p->set_value(s); };
+      engine->Enqueue(std::move(e));
+    }
+    for (auto& f : fs) CHECK_OK(f.get());
+    for (int idx = 0; idx < 10; ++idx) {
+      const float sum = static_cast<float>(n * (idx + round) + n * (n - 1) / 2);
+      const float want = idx % 2 ? sum / n : sum;
+      CHECK_TRUE(outs[idx][0] == want && outs[idx].back() == want,
+                 "engine round %d tensor %d got %g want %g", round, idx,
+                 outs[idx][0], want);
+    }
+  }
+  // Allgather with rank-dependent rows.
+  {
+    std::vector<int64_t> in(r + 1, r);
+    std::vector<int64_t> out;
+    Shape out_shape;
+    auto p = std::make_shared<std::promise<Status>>();
+    auto f = p->get_future();
+    TensorEntry e;
+    e.type = CollectiveType::kAllgather;
+    e.name = "gather";
+    e.dtype = DataType::kInt64;
+    e.shape = {r + 1};
+    e.input = in.data();
+    e.allocate_output = [&](const Shape& s, void** data) {
+      out_shape = s;
+      out.assign(NumElements(s), -1);
+      *data = out.data();
+      return Status::Ok();
+    };
+    e.done = [p](const Status& s) { p->set_value(s); };
+    engine->Enqueue(std::move(e));
+    CHECK_OK(f.get());
+    CHECK_TRUE(out_shape == Shape{n * (n + 1) / 2}, "allgather shape");
+    size_t k = 0;
+    for (int q = 0; q < n; ++q) {
+      for (int j = 0; j <= q && k < out.size(); ++j, ++k) {
+        CHECK_TRUE(out[k] == q, "allgather element %zu", k);
+      }
+    }
+  }
+  const EngineStats stats = engine->stats();
+  CHECK_TRUE(stats.fast_responses > 0, "fast path never taken");
+  engine.reset();  // shutdown cycle with every rank
+}
+
+int Main() {
+  bool we_initialized = false;
+  int provided = 0;
+  Status s = EnsureMpiInitialized(&we_initialized, &provided);
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 1;
+  }
+  CHECK_TRUE(provided == MPI_THREAD_MULTIPLE, "provided thread level %d",
+             provided);
+  std::unique_ptr<Transport> t;
+  CHECK_OK(MpiTransport::Create(MPI_COMM_WORLD, &t));
+  if (t) {
+    g_rank = t->rank();
+    CHECK_TRUE(t->local_size() >= 1 && t->local_rank() < t->local_size(),
+               "local rank");
+    CheckHalf(t.get(), DataType::kFloat16, HalfToFloat, FloatToHalf);
+    CheckHalf(t.get(), DataType::kBFloat16, BFloat16ToFloat, FloatToBFloat16);
+    CheckBool(t.get());
+    CheckNative<uint8_t>(t.get(), DataType::kUint8);
+    CheckNative<int8_t>(t.get(), DataType::kInt8);
+    CheckNative<int32_t>(t.get(), DataType::kInt32);
+    CheckNative<int64_t>(t.get(), DataType::kInt64);
+    CheckNative<float>(t.get(), DataType::kFloat32);
+    CheckNative<double>(t.get(), DataType::kFloat64);
+    CheckControlAndData(t.get());
+    t.reset();
+  }
+  // Engine twice: re-creation after destruction.
+  CheckEngine(0);
+  CheckEngine(1);
+  std::printf("rank %d: %s\n", g_rank, g_failures == 0 ? "PASS" : "FAIL");
+  std::fflush(stdout);
+  FinalizeMpiIfWeInitialized();
+  return g_failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace mpistrategy
+
+int main() { return mpistrategy::Main(); }
