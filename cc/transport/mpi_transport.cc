@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <climits>
 #include <cstring>
+#include <thread>
 
 #include "cc/engine/reduce_kernels.h"
 
@@ -237,11 +239,34 @@ void MpiTransport::Map(DataType dtype, ReduceOp op, MPI_Datatype* mpi_type,
 Status MpiTransport::BitwiseAnd(std::vector<uint64_t>* bits) {
   MPISTRATEGY_RETURN_IF_ERROR(
       CheckIntRange(static_cast<int64_t>(bits->size()), "bit vector length"));
+  // This is the per-cycle rendezvous, so ranks often reach it far apart (an
+  // idle rank wakes up every cycle_time_ms).  A blocking MPI_Allreduce would
+  // busy-wait for the whole gap and take a core away from TensorFlow; the
+  // non-blocking form lets WaitPolitely spin briefly, then sleep.
+  MPI_Request request;
   MPISTRATEGY_MPI_CHECK(
-      MPI_Allreduce(MPI_IN_PLACE, bits->data(), static_cast<int>(bits->size()),
-                    MPI_UINT64_T, MPI_BAND, comm_),
-      "MPI_Allreduce(BAND)");
-  return Status::Ok();
+      MPI_Iallreduce(MPI_IN_PLACE, bits->data(), static_cast<int>(bits->size()),
+                     MPI_UINT64_T, MPI_BAND, comm_, &request),
+      "MPI_Iallreduce(BAND)");
+  return WaitPolitely(&request, "MPI_Iallreduce(BAND)");
+}
+
+Status MpiTransport::WaitPolitely(MPI_Request* request, const char* what) {
+  // Spin first: in a training loop the other ranks usually arrive within
+  // microseconds, and sleeping then would add latency.  After that, back off
+  // exponentially to a sleep short enough not to matter next to a step.
+  constexpr auto kSpin = std::chrono::microseconds(100);
+  constexpr auto kMaxSleep = std::chrono::microseconds(200);
+  const auto spin_until = std::chrono::steady_clock::now() + kSpin;
+  auto sleep = std::chrono::microseconds(2);
+  for (;;) {
+    int done = 0;
+    MPISTRATEGY_MPI_CHECK(MPI_Test(request, &done, MPI_STATUS_IGNORE), what);
+    if (done) return Status::Ok();
+    if (std::chrono::steady_clock::now() < spin_until) continue;
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, kMaxSleep);
+  }
 }
 
 Status MpiTransport::GatherBytes(const std::string& mine,

@@ -75,6 +75,8 @@ class MpiTransport : public Transport {
  private:
   MpiTransport() = default;
   Status Init(MPI_Comm parent);
+  // Completes a non-blocking request without holding a core while waiting.
+  Status WaitPolitely(MPI_Request* request, const char* what);
   // MPI datatype and op for (dtype, op).
   void Map(DataType dtype, ReduceOp op, MPI_Datatype* mpi_type,
            MPI_Op* mpi_op) const;
