@@ -1,0 +1,187 @@
+# mpistrategy: build, test and demo entry points.
+#
+#   make demo     set up everything, then train the Keras example on 2 MPI ranks
+#   make test     set up everything, then run every test suite (what CI runs)
+#   make build    op library -> mpistrategy/ops/_mpi_ops.so (CPU kernels)
+#   make build-cuda   + NCCL GPU kernels -> build/cuda/_mpi_ops.so (compile/link check)
+#   make bench    allreduce benchmark on 2 ranks
+#   make clean    remove build outputs (make distclean: also .venv and Bazel's cache)
+#
+# `demo` and `test` install what is missing on a fresh Debian/Ubuntu machine
+# (apt: bazel-bootstrap, Open MPI; a .venv from requirements.txt) and are
+# cheap to re-run once everything is in place.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := build
+# Stages must run in order, one at a time.
+.NOTPARALLEL:
+
+ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
+
+PYTHON3 ?= python3
+VENV    := $(ROOT)/.venv
+PY      := $(VENV)/bin/python
+BAZEL   ?= bazel
+MPIRUN  ?= mpirun
+APT_PACKAGES := bazel-bootstrap libopenmpi-dev openmpi-bin
+
+# Wall-clock limits (seconds) per stage; a hang fails the stage.
+TIMEOUT_SINGLE   ?= 1200
+TIMEOUT_NP2      ?= 1200
+TIMEOUT_NP3      ?= 1500
+TIMEOUT_LAUNCHER ?= 900
+TIMEOUT_DEMO     ?= 900
+TIMEOUT_BENCH    ?= 900
+# Per-test limit (pytest-timeout).
+export MPISTRATEGY_TEST_TIMEOUT ?= 180
+
+# Bazel's repository rules find TensorFlow through PYTHON_BIN_PATH, which
+# defaults to this checkout's .venv/bin/python (see WORKSPACE); left unset
+# here so that `make build` and a bare `bazel build` see the same environment.
+export PYTHONPATH := $(ROOT)$(if $(PYTHONPATH),:$(PYTHONPATH))
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+export PYTHONUNBUFFERED := 1
+export OMPI_MCA_rmaps_base_oversubscribe := 1
+
+ifeq ($(shell id -u),0)
+SUDO :=
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+BAZEL_TEST_ENV := --test_env=OMPI_ALLOW_RUN_AS_ROOT=1 --test_env=OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+else
+SUDO := $(shell command -v sudo 2>/dev/null)
+BAZEL_TEST_ENV :=
+endif
+
+# Single-copy shared memory (CMA) fails in many containers; --bind-to none
+# lets TF's thread pools use every core.
+MPIRUN_FLAGS ?= --oversubscribe --bind-to none --mca btl_vader_single_copy_mechanism none \
+                -x PYTHONPATH -x TF_CPP_MIN_LOG_LEVEL -x PYTHONUNBUFFERED
+KILL_AFTER := --kill-after=30
+
+LIB       := mpistrategy/ops/_mpi_ops.so
+CUDA_LIB  := build/cuda/_mpi_ops.so
+VENV_STAMP := $(VENV)/.requirements.stamp
+
+# $(call stage,NAME,COMMAND): runs COMMAND in a `set -e` subshell (not in a
+# `||` context, which would disable -e), prints its time, and on failure names
+# the stage and stops with its exit status.  Pass COMMAND as a variable
+# reference: literal commas would split the $(call) arguments.
+define stage
+	@echo "=== [$(1)] $$(date +%T) start"; _t0=$$(date +%s); \
+	set +e; ( set -e; $(2) ) </dev/null; _rc=$$?; set -e; _dt=$$(( $$(date +%s) - _t0 )); \
+	if [ $$_rc -eq 0 ]; then echo "=== [$(1)] ok ($${_dt}s)"; else \
+	  case $$_rc in \
+	    5) _why="pytest exit 5: no tests ran -- treated as a failure";; \
+	    124|137) _why="timed out (hang?)";; \
+	    *) _why="exit $$_rc";; \
+	  esac; \
+	  echo "=== [$(1)] FAILED: $$_why (after $${_dt}s) -- stopping" >&2; exit $$_rc; fi
+endef
+
+# Scripted Bazel runs stop the server afterwards (no idle JVM left behind),
+# except between the stages of `make test` (BAZEL_KEEP_SERVER=1).
+BAZEL_KEEP_SERVER ?= 0
+BAZEL_SHUTDOWN_TRAP = trap '[ "$(BAZEL_KEEP_SERVER)" = 1 ] || $(BAZEL) shutdown' EXIT;
+
+# Copies a Bazel output (read-only) over a possibly read-only older copy.
+COPY_LIB = copy_lib() { mkdir -p "$$(dirname "$$2")"; [ -e "$$2" ] && chmod u+w "$$2"; \
+	cmp -s "$$1" "$$2" || cp -f "$$1" "$$2"; chmod u+w "$$2"; echo "  -> $$2"; };
+
+.PHONY: all help deps venv build build-cuda test demo bench clean distclean
+
+all: build
+
+help:
+	@sed -n '2,12p' $(ROOT)/Makefile | sed 's/^# \{0,1\}//'
+
+# ----------------------------------------------------------------- set-up
+DEPS_CMD = missing=""; \
+	for c in $(BAZEL) mpicc $(MPIRUN) g++; do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
+	pkgs="$(APT_PACKAGES)"; \
+	if ! $(PYTHON3) -c 'import ensurepip, venv' 2>/dev/null; then missing="$$missing python3-venv"; pkgs="$$pkgs python3-venv"; fi; \
+	if [ -z "$$missing" ]; then echo "deps: bazel, mpicc, mpirun, g++, python3-venv present"; exit 0; fi; \
+	echo "deps: missing:$$missing -> apt-get install $$pkgs"; \
+	if [ "$$(id -u)" != 0 ] && [ -z "$(SUDO)" ]; then \
+	  echo "deps: not root and no sudo: install $$pkgs yourself" >&2; exit 1; fi; \
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -q; \
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$pkgs
+
+deps:
+	$(call stage,deps,$(DEPS_CMD))
+
+VENV_CMD = if [ ! -x "$(PY)" ]; then echo "venv: creating $(VENV)"; $(PYTHON3) -m venv "$(VENV)"; fi; \
+	"$(PY)" -m pip install --disable-pip-version-check --no-input --progress-bar off -q \
+	    -r "$(ROOT)/requirements.txt"; \
+	touch "$(VENV_STAMP)"
+
+venv: $(VENV_STAMP)
+
+$(VENV_STAMP): $(ROOT)/requirements.txt
+	$(call stage,venv,$(VENV_CMD))
+
+# ------------------------------------------------------------------ build
+BUILD_CMD = $(BAZEL_SHUTDOWN_TRAP) $(COPY_LIB) \
+	$(BAZEL) build //cc:_mpi_ops.so; \
+	copy_lib bazel-bin/cc/_mpi_ops.so $(LIB)
+
+build: deps venv
+	$(call stage,build,$(BUILD_CMD))
+
+BUILD_CUDA_CMD = $(BAZEL_SHUTDOWN_TRAP) $(COPY_LIB) \
+	$(BAZEL) build --config=cuda //cc:_mpi_ops.so; \
+	copy_lib bazel-bin/cc/_mpi_ops.so $(CUDA_LIB); \
+	if [ -f tests/check_gpu_kernels.py ]; then \
+	  "$(PY)" tests/check_gpu_kernels.py $(CUDA_LIB); \
+	else echo "build-cuda: tests/check_gpu_kernels.py not there yet -- kernel check skipped"; fi; \
+	echo "build-cuda: rebuilding the CPU library (bazel-bin/ and $(LIB) stay CPU)"; \
+	$(BAZEL) build //cc:_mpi_ops.so; \
+	copy_lib bazel-bin/cc/_mpi_ops.so $(LIB)
+
+build-cuda: deps venv
+	$(call stage,build-cuda,$(BUILD_CUDA_CMD))
+
+# ------------------------------------------------------------------- test
+BAZEL_TEST_CMD = trap '$(BAZEL) shutdown' EXIT; \
+	if ! q=$$($(BAZEL) query 'tests(//cc/...)' 2>&1); then \
+	  if grep -q 'no targets found beneath' <<<"$$q"; then q=""; else echo "$$q" >&2; exit 1; fi; fi; \
+	if [ -z "$$(grep '^//' <<<"$$q" || true)" ]; then \
+	  echo "bazel-test: SKIPPED: no cc_test targets under //cc yet"; exit 0; fi; \
+	$(BAZEL) test //cc/... --test_output=errors $(BAZEL_TEST_ENV)
+
+PYTEST_FLAGS = -p no:randomly -p no:cacheprovider --timeout=$(MPISTRATEGY_TEST_TIMEOUT) --timeout-method=thread
+
+SINGLE_CMD   = timeout $(KILL_AFTER) $(TIMEOUT_SINGLE) "$(PY)" -m pytest $(PYTEST_FLAGS) tests/single
+NP2_CMD      = tests/mpirun_pytest.sh 2 $(TIMEOUT_NP2) tests/parallel
+NP3_CMD      = tests/mpirun_pytest.sh 3 $(TIMEOUT_NP3) tests/parallel
+LAUNCHER_CMD = timeout $(KILL_AFTER) $(TIMEOUT_LAUNCHER) "$(PY)" -m pytest $(PYTEST_FLAGS) tests/launcher
+
+test: BAZEL_KEEP_SERVER = 1
+test: deps venv build build-cuda
+	$(call stage,bazel-test,$(BAZEL_TEST_CMD))
+	$(call stage,pytest-single,$(SINGLE_CMD))
+	$(call stage,pytest-parallel-np2,$(NP2_CMD))
+	$(call stage,pytest-parallel-np3,$(NP3_CMD))
+	$(call stage,pytest-launcher,$(LAUNCHER_CMD))
+	@echo "=== make test: all stages passed"
+
+# ------------------------------------------------------------ demo, bench
+DEMO_CMD  = timeout $(KILL_AFTER) $(TIMEOUT_DEMO) $(MPIRUN) -np 2 $(MPIRUN_FLAGS) "$(PY)" examples/keras_digits.py
+BENCH_CMD = timeout $(KILL_AFTER) $(TIMEOUT_BENCH) $(MPIRUN) -np 2 $(MPIRUN_FLAGS) "$(PY)" bench/allreduce.py
+
+demo: deps venv build
+	$(call stage,demo,$(DEMO_CMD))
+
+bench: deps venv build
+	$(call stage,bench,$(BENCH_CMD))
+
+# ------------------------------------------------------------------ clean
+clean:
+	@if command -v $(BAZEL) >/dev/null && [ -e bazel-bin ]; then $(BAZEL) clean; $(BAZEL) shutdown; fi
+	rm -rf build *.egg-info .pytest_cache
+	rm -f $(LIB)
+
+distclean: clean
+	@if command -v $(BAZEL) >/dev/null; then $(BAZEL) clean --expunge; $(BAZEL) shutdown; fi
+	rm -rf $(VENV) bazel-*
