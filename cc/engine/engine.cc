@@ -253,7 +253,7 @@ Engine::Impl::Impl(const EngineConfig& config,
       rank_(transport_->rank()),
       size_(transport_->size()),
       cache_(config.cache_capacity),
-      executor_(transport_.get()),
+      executor_(transport_.get(), config.hierarchical_allreduce),
       clock_(SteadyClockSeconds) {
   StallInspector stall(config.stall_warning_seconds,
                        config.stall_timeout_seconds);

@@ -23,6 +23,8 @@
 
 namespace mpistrategy {
 
+class DeviceContext;  // device.h
+
 // One tensor submitted to one collective on this rank.
 struct TensorEntry {
   CollectiveType type = CollectiveType::kAllreduce;
@@ -37,6 +39,9 @@ struct TensorEntry {
   // an even split.
   std::vector<int64_t> splits;
   int32_t device = kCpuDevice;
+  // GPU entries (device != kCpuDevice): the op's stream and GPU; null for
+  // CPU entries.  See device.h.
+  std::shared_ptr<DeviceContext> device_context;
 
   // Not owned; valid until `done` runs.  May be null for 0-size tensors.
   const void* input = nullptr;

@@ -50,8 +50,9 @@ int64_t AllreduceBytes(const Response& response) {
   return NumElements(response.shapes[0]) * DataTypeSize(response.dtype);
 }
 
-Executor::Executor(Transport* transport)
+Executor::Executor(Transport* transport, bool hierarchical_allreduce)
     : transport_(transport),
+      hierarchical_allreduce_(hierarchical_allreduce),
       rank_(transport->rank()),
       size_(transport->size()) {}
 
@@ -67,6 +68,11 @@ Status Executor::Execute(const std::vector<const Response*>& responses,
                          std::vector<Status>* entry_status) {
   entry_status->assign(entries.size(), Status::Ok());
   const Response& first = *responses[0];
+  DeviceTransport* device = nullptr;
+  MPISTRATEGY_RETURN_IF_ERROR(DeviceTransportFor(first, *entries[0], &device));
+  if (device != nullptr) {
+    return device->Execute(responses, entries, entry_status);
+  }
   switch (first.type) {
     case ResponseType::kAllreduce:
       return Allreduce(responses, entries, entry_status);
@@ -84,6 +90,26 @@ Status Executor::Execute(const std::vector<const Response*>& responses,
       break;
   }
   return Status::Internal("Executor::Execute given an error response");
+}
+
+Status Executor::DeviceTransportFor(const Response& response,
+                                   const TensorEntry& entry,
+                                   DeviceTransport** device_transport) {
+  *device_transport = nullptr;
+  if (response.device == kCpuDevice ||
+      response.type == ResponseType::kBarrier) {
+    return Status::Ok();
+  }
+  if (device_transport_ == nullptr) {
+    if (entry.device_context == nullptr) {
+      return Status::Internal("GPU collective \"" + entry.name +
+                              "\" has no device context");
+    }
+    MPISTRATEGY_RETURN_IF_ERROR(entry.device_context->CreateTransport(
+        transport_, hierarchical_allreduce_, &device_transport_));
+  }
+  *device_transport = device_transport_.get();
+  return Status::Ok();
 }
 
 Status Executor::Allreduce(const std::vector<const Response*>& responses,

@@ -10,8 +10,10 @@
 #define MPISTRATEGY_CC_ENGINE_EXECUTOR_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "cc/engine/device.h"
 #include "cc/engine/engine.h"
 #include "cc/engine/message.h"
 #include "cc/transport/transport.h"
@@ -26,11 +28,14 @@ class Executor {
  public:
   // Args:
   //   transport: not owned; outlives the executor.
-  explicit Executor(Transport* transport);
+  //   hierarchical_allreduce: EngineConfig::hierarchical_allreduce (GPU
+  //     tensors only).
+  explicit Executor(Transport* transport, bool hierarchical_allreduce = false);
 
   // Runs one bucket.  `responses` are the bucket's members (successful
   // responses; more than one only for fused allreduces) and `entries[k]` is
-  // this rank's entry for responses[k]->names[0].
+  // this rank's entry for responses[k]->names[0].  GPU buckets go to the
+  // DeviceTransport (device.h), created by the first one.
   //
   // Returns the transport's error (fatal for the engine).  Per-entry local
   // failures go to (*entry_status)[k], resized to entries.size().
@@ -54,7 +59,14 @@ class Executor {
   // only, so steady-state cycles allocate nothing.
   char* Buffer(int64_t bytes);
 
+  // The bucket's device collectives (GPU tensors), creating them on first
+  // use; null for CPU buckets and barriers.
+  Status DeviceTransportFor(const Response& response, const TensorEntry& entry,
+                            DeviceTransport** device_transport);
+
   Transport* transport_;
+  const bool hierarchical_allreduce_;
+  std::unique_ptr<DeviceTransport> device_transport_;
   int rank_;
   int size_;
   std::vector<char> buffer_;
