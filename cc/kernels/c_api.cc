@@ -1,0 +1,164 @@
+// C ABI for process control, called by mpistrategy/ops/mpi_ops.py through
+// ctypes.  Python loads this same library with tf.load_op_library (for the
+// ops) and ctypes.CDLL (for these functions); both get the same handle, so
+// the kernels and these functions share one EngineHolder.
+//
+// MPI lifetime: MPI is initialized on the first mpistrategy_init unless
+// someone (e.g. mpi4py) already did, and finalized at process exit only if we
+// initialized it.  An MPI initialized by someone else is never finalized
+// here; its owner must not finalize it before mpistrategy_shutdown
+// (mpistrategy.init registers a Python atexit handler that shuts down first).
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "cc/engine/common.h"
+#include "cc/engine/config.h"
+#include "cc/engine/engine.h"
+#include "cc/kernels/engine_holder.h"
+#include "cc/transport/mpi_transport.h"
+
+#ifndef GOOGLE_CUDA
+#define GOOGLE_CUDA 0
+#endif
+
+namespace mpistrategy {
+namespace {
+
+// Registered with atexit the first time EnsureMpiInitialized reports that
+// we initialized MPI: stop the engine (its thread and communicator use MPI),
+// then finalize.  Normally mpistrategy.shutdown (Python atexit) has already
+// stopped the engine.
+void FinalizeMpiAtExit() {
+  EngineHolder::Instance().Shutdown();
+  FinalizeMpiIfWeInitialized();
+}
+
+// Initializes MPI if needed (MpiTransport's EnsureMpiInitialized cooperates
+// with an mpi4py that already did) and creates the world transport.
+Status CreateWorldTransport(std::unique_ptr<Transport>* transport) {
+  bool we_initialized = false;
+  MPISTRATEGY_RETURN_IF_ERROR(EnsureMpiInitialized(&we_initialized));
+  // True only for the call that initialized MPI, so registered once.
+  if (we_initialized) std::atexit(FinalizeMpiAtExit);
+  return MpiTransport::Create(MPI_COMM_WORLD, transport);
+}
+
+void CopyMessage(const std::string& message, char* buffer, int length) {
+  if (buffer == nullptr || length <= 0) return;
+  const size_t n =
+      std::min(message.size(), static_cast<size_t>(length) - 1);
+  std::memcpy(buffer, message.data(), n);
+  buffer[n] = '\0';
+}
+
+// A property of the running engine, or -1 when not initialized.
+template <typename Getter>
+int EngineProperty(Getter getter) {
+  std::shared_ptr<Engine> engine = EngineHolder::Instance().Get();
+  return engine == nullptr ? -1 : getter(*engine);
+}
+
+}  // namespace
+}  // namespace mpistrategy
+
+extern "C" {
+
+// Starts the engine over MPI_COMM_WORLD (initializing MPI if needed).  The
+// arguments are the fields of mpistrategy::EngineConfig; `timeline_path` may
+// be null or empty.  Returns 0 on success, else a StatusCode (common.h) with
+// the message copied (NUL-terminated, truncated to error_len) to error_buf.
+// A second call with the same configuration is a no-op.
+int mpistrategy_init(int64_t fusion_threshold_bytes, double cycle_time_ms,
+                     int32_t cache_capacity, double stall_warning_seconds,
+                     double stall_timeout_seconds, const char* timeline_path,
+                     int hierarchical_allreduce, char* error_buf,
+                     int error_len) {
+  mpistrategy::EngineConfig config;
+  config.fusion_threshold_bytes = fusion_threshold_bytes;
+  config.cycle_time_ms = cycle_time_ms;
+  config.cache_capacity = cache_capacity;
+  config.stall_warning_seconds = stall_warning_seconds;
+  config.stall_timeout_seconds = stall_timeout_seconds;
+  config.timeline_path = timeline_path == nullptr ? "" : timeline_path;
+  config.hierarchical_allreduce = hierarchical_allreduce != 0;
+  const mpistrategy::Status status = mpistrategy::EngineHolder::Instance().Init(
+      config, mpistrategy::CreateWorldTransport);
+  mpistrategy::CopyMessage(status.message(), error_buf, error_len);
+  return static_cast<int>(status.code());
+}
+
+// Stops the engine: pending collectives fail with Aborted and the other
+// ranks' engines are told.  MPI stays initialized (see the file comment), so
+// mpistrategy_init may be called again.  A no-op when not initialized.
+void mpistrategy_shutdown() { mpistrategy::EngineHolder::Instance().Shutdown(); }
+
+// Makes every rank's engine fail its pending and future collectives with
+// Aborted carrying `reason`; returns once the others were told or after
+// `timeout_seconds`.  A no-op when not initialized.
+void mpistrategy_abort(const char* reason, double timeout_seconds) {
+  mpistrategy::EngineHolder::Instance().Abort(reason == nullptr ? "" : reason,
+                                              timeout_seconds);
+}
+
+// MPI_Abort(MPI_COMM_WORLD, code): ends every rank of the job.  Without a
+// usable MPI it ends only this process.
+void mpistrategy_mpi_abort(int code) {
+  int initialized = 0;
+  int finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+int mpistrategy_is_initialized() {
+  return mpistrategy::EngineHolder::Instance().Get() != nullptr ? 1 : 0;
+}
+
+// -1 when not initialized.
+int mpistrategy_rank() {
+  return mpistrategy::EngineProperty([](const mpistrategy::Engine& e) {
+    return e.rank();
+  });
+}
+int mpistrategy_size() {
+  return mpistrategy::EngineProperty([](const mpistrategy::Engine& e) {
+    return e.size();
+  });
+}
+int mpistrategy_local_rank() {
+  return mpistrategy::EngineProperty([](const mpistrategy::Engine& e) {
+    return e.local_rank();
+  });
+}
+int mpistrategy_local_size() {
+  return mpistrategy::EngineProperty([](const mpistrategy::Engine& e) {
+    return e.local_size();
+  });
+}
+
+// 1 when MPI is initialized with MPI_THREAD_MULTIPLE, else 0.
+int mpistrategy_mpi_threads_supported() {
+  int initialized = 0;
+  int finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return 0;
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&provided);
+  return provided == MPI_THREAD_MULTIPLE ? 1 : 0;
+}
+
+int mpistrategy_built_with_cuda() { return GOOGLE_CUDA ? 1 : 0; }
+
+// NCCL comes with the CUDA build (--config=cuda).
+int mpistrategy_built_with_nccl() { return GOOGLE_CUDA ? 1 : 0; }
+
+}  // extern "C"

@@ -1,0 +1,378 @@
+// CPU kernels of the ops in cc/ops/mpi_ops.cc.
+//
+// Each kernel is thin: it validates its inputs, wraps them in a TensorEntry
+// (engine.h), enqueues it with the engine and returns; the engine's thread
+// later runs the collective in lock-step with the other ranks and calls the
+// entry's `done`, which sets the op's status and calls TensorFlow's done.
+// Kernels never call MPI themselves: TensorFlow runs independent ops in any
+// order, so only the engine's negotiation can make every rank execute
+// collectives in the same order.
+//
+// The GPU kernels (collective_kernels_gpu.cc, CUDA build) follow the same
+// shape and add the op's stream to the entry; the entry's device always comes
+// from the kernel's context (EngineDevice in tf_adapter.h).
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "cc/engine/common.h"
+#include "cc/engine/engine.h"
+#include "cc/kernels/engine_holder.h"
+#include "cc/kernels/tf_adapter.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+
+namespace mpistrategy {
+namespace {
+
+using ::tensorflow::AsyncOpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+
+// Base of all collective kernels: the pairing name and the submission path.
+class CollectiveKernel : public AsyncOpKernel {
+ public:
+  explicit CollectiveKernel(OpKernelConstruction* context)
+      : AsyncOpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("tensor_name", &tensor_name_));
+    if (tensor_name_.empty()) tensor_name_ = name();
+  }
+
+ protected:
+  // The name pairing this op's collective across ranks.
+  const std::string& tensor_name() const { return tensor_name_; }
+
+  // The running engine, or null after failing the op with
+  // FailedPrecondition (and calling `done`).
+  static std::shared_ptr<Engine> EngineOrFail(OpKernelContext* ctx,
+                                              const DoneCallback& done) {
+    std::shared_ptr<Engine> engine = EngineHolder::Instance().Get();
+    if (engine == nullptr) {
+      ctx->SetStatus(absl::FailedPreconditionError(
+          "mpistrategy is not initialized; call mpistrategy.init()"));
+      done();
+    }
+    return engine;
+  }
+
+  // Fills the entry's common fields from input 0 (when there is one).
+  static absl::Status DescribeInput(OpKernelContext* ctx, const Tensor& input,
+                                    TensorEntry* entry) {
+    TF_RETURN_IF_ERROR(ToEngineDataType(input.dtype(), &entry->dtype));
+    entry->shape = ToEngineShape(input.shape());
+    entry->device = EngineDevice(ctx);
+    entry->input = input.NumElements() > 0 ? input.data() : nullptr;
+    return absl::OkStatus();
+  }
+
+  // An allocate_output callback that allocates output `index` of `ctx`.
+  static std::function<Status(const Shape&, void**)> OutputAllocator(
+      OpKernelContext* ctx, int index) {
+    return [ctx, index](const Shape& shape, void** data) -> Status {
+      TensorShape tf_shape;
+      absl::Status status = ToTfShape(shape, &tf_shape);
+      Tensor* output = nullptr;
+      if (status.ok()) status = ctx->allocate_output(index, tf_shape, &output);
+      if (!status.ok()) return FromTfStatus(status);
+      *data = output->NumElements() > 0 ? output->data() : nullptr;
+      return Status::Ok();
+    };
+  }
+
+  // Sets the entry's done-callback and hands the entry to the engine.
+  // `keep_alive` (the input) is held until the collective completed.  On a
+  // local validation error Enqueue has already run `done`.
+  static void Submit(OpKernelContext* ctx, Engine* engine, TensorEntry entry,
+                     Tensor keep_alive, DoneCallback done) {
+    entry.done = [ctx, keep_alive = std::move(keep_alive),
+                  done = std::move(done)](const Status& status) {
+      if (!status.ok()) ctx->SetStatus(ToTfStatus(status));
+      done();
+    };
+    engine->Enqueue(std::move(entry));
+  }
+
+ private:
+  std::string tensor_name_;
+};
+
+// Collectives that reduce: parse `reduce_op` once.
+class ReducingKernel : public CollectiveKernel {
+ public:
+  explicit ReducingKernel(OpKernelConstruction* context)
+      : CollectiveKernel(context) {
+    std::string reduce_op;
+    OP_REQUIRES_OK(context, context->GetAttr("reduce_op", &reduce_op));
+    OP_REQUIRES_OK(context, ParseReduceOp(reduce_op, &reduce_op_));
+  }
+
+ protected:
+  ReduceOp reduce_op() const { return reduce_op_; }
+
+ private:
+  ReduceOp reduce_op_ = ReduceOp::kSum;
+};
+
+class AllreduceKernel : public ReducingKernel {
+ public:
+  using ReducingKernel::ReducingKernel;
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    std::shared_ptr<Engine> engine = EngineOrFail(ctx, done);
+    if (engine == nullptr) return;
+    const Tensor& input = ctx->input(0);
+    TensorEntry entry;
+    entry.type = CollectiveType::kAllreduce;
+    entry.name = tensor_name();
+    entry.reduce_op = reduce_op();
+    OP_REQUIRES_OK_ASYNC(ctx, DescribeInput(ctx, input, &entry), done);
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx,
+                         ctx->forward_input_or_allocate_output(
+                             {0}, 0, input.shape(), &output),
+                         done);
+    entry.output = output->NumElements() > 0 ? output->data() : nullptr;
+    Submit(ctx, engine.get(), std::move(entry), input, std::move(done));
+  }
+};
+
+// Submits one allreduce per input; the op completes when the last one does,
+// with the first error any of them reported.
+class GroupedAllreduceKernel : public ReducingKernel {
+ public:
+  using ReducingKernel::ReducingKernel;
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    std::shared_ptr<Engine> engine = EngineOrFail(ctx, done);
+    if (engine == nullptr) return;
+    const int n = ctx->num_inputs();
+    std::vector<TensorEntry> entries(n);
+    for (int i = 0; i < n; ++i) {
+      const Tensor& input = ctx->input(i);
+      TensorEntry& entry = entries[i];
+      entry.type = CollectiveType::kAllreduce;
+      entry.name = absl::StrCat(tensor_name(), ".", i);
+      entry.reduce_op = reduce_op();
+      OP_REQUIRES_OK_ASYNC(ctx, DescribeInput(ctx, input, &entry), done);
+      Tensor* output = nullptr;
+      OP_REQUIRES_OK_ASYNC(ctx,
+                           ctx->forward_input_or_allocate_output(
+                               {i}, i, input.shape(), &output),
+                           done);
+      entry.output = output->NumElements() > 0 ? output->data() : nullptr;
+    }
+    // Shared by the n callbacks; the last one completes the op.
+    struct Group {
+      std::atomic<int> remaining;
+      std::mutex mu;
+      absl::Status status;  // first error
+      DoneCallback done;
+    };
+    auto group = std::make_shared<Group>();
+    group->remaining = n;
+    group->done = std::move(done);
+    // Every entry is enqueued even if an earlier one was rejected, so the
+    // other ranks never wait for a name this rank skipped.
+    for (int i = 0; i < n; ++i) {
+      entries[i].done = [ctx, group, keep_alive = ctx->input(i)](
+                            const Status& status) {
+        if (!status.ok()) {
+          std::lock_guard<std::mutex> lock(group->mu);
+          if (group->status.ok()) group->status = ToTfStatus(status);
+        }
+        if (group->remaining.fetch_sub(1) == 1) {
+          if (!group->status.ok()) ctx->SetStatus(group->status);
+          group->done();
+        }
+      };
+      engine->Enqueue(std::move(entries[i]));
+    }
+  }
+};
+
+class AllgatherKernel : public CollectiveKernel {
+ public:
+  using CollectiveKernel::CollectiveKernel;
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    std::shared_ptr<Engine> engine = EngineOrFail(ctx, done);
+    if (engine == nullptr) return;
+    const Tensor& input = ctx->input(0);
+    OP_REQUIRES_ASYNC(
+        ctx, input.dims() >= 1,
+        absl::InvalidArgumentError(absl::StrCat(
+            "allgather '", tensor_name(),
+            "' needs a tensor of rank >= 1, got shape ",
+            input.shape().DebugString())),
+        done);
+    TensorEntry entry;
+    entry.type = CollectiveType::kAllgather;
+    entry.name = tensor_name();
+    OP_REQUIRES_OK_ASYNC(ctx, DescribeInput(ctx, input, &entry), done);
+    entry.allocate_output = OutputAllocator(ctx, 0);
+    Submit(ctx, engine.get(), std::move(entry), input, std::move(done));
+  }
+};
+
+class BroadcastKernel : public CollectiveKernel {
+ public:
+  explicit BroadcastKernel(OpKernelConstruction* context)
+      : CollectiveKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("root_rank", &root_rank_));
+  }
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    std::shared_ptr<Engine> engine = EngineOrFail(ctx, done);
+    if (engine == nullptr) return;
+    const Tensor& input = ctx->input(0);
+    TensorEntry entry;
+    entry.type = CollectiveType::kBroadcast;
+    entry.name = tensor_name();
+    entry.root_rank = root_rank_;
+    OP_REQUIRES_OK_ASYNC(ctx, DescribeInput(ctx, input, &entry), done);
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx,
+                         ctx->forward_input_or_allocate_output(
+                             {0}, 0, input.shape(), &output),
+                         done);
+    entry.output = output->NumElements() > 0 ? output->data() : nullptr;
+    Submit(ctx, engine.get(), std::move(entry), input, std::move(done));
+  }
+
+ private:
+  int32_t root_rank_ = 0;
+};
+
+class ReducescatterKernel : public ReducingKernel {
+ public:
+  using ReducingKernel::ReducingKernel;
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    std::shared_ptr<Engine> engine = EngineOrFail(ctx, done);
+    if (engine == nullptr) return;
+    const Tensor& input = ctx->input(0);
+    OP_REQUIRES_ASYNC(
+        ctx, input.dims() >= 1,
+        absl::InvalidArgumentError(absl::StrCat(
+            "reducescatter '", tensor_name(),
+            "' needs a tensor of rank >= 1, got shape ",
+            input.shape().DebugString())),
+        done);
+    TensorEntry entry;
+    entry.type = CollectiveType::kReducescatter;
+    entry.name = tensor_name();
+    entry.reduce_op = reduce_op();
+    OP_REQUIRES_OK_ASYNC(ctx, DescribeInput(ctx, input, &entry), done);
+    entry.allocate_output = OutputAllocator(ctx, 0);
+    Submit(ctx, engine.get(), std::move(entry), input, std::move(done));
+  }
+};
+
+class AlltoallKernel : public CollectiveKernel {
+ public:
+  using CollectiveKernel::CollectiveKernel;
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    std::shared_ptr<Engine> engine = EngineOrFail(ctx, done);
+    if (engine == nullptr) return;
+    const Tensor& input = ctx->input(0);
+    const Tensor& splits = ctx->input(1);
+    OP_REQUIRES_ASYNC(
+        ctx, input.dims() >= 1,
+        absl::InvalidArgumentError(absl::StrCat(
+            "alltoall '", tensor_name(),
+            "' needs a tensor of rank >= 1, got shape ",
+            input.shape().DebugString())),
+        done);
+    OP_REQUIRES_ASYNC(
+        ctx, splits.dims() == 1,
+        absl::InvalidArgumentError(absl::StrCat(
+            "alltoall '", tensor_name(), "' needs 1-D splits, got shape ",
+            splits.shape().DebugString())),
+        done);
+    TensorEntry entry;
+    entry.type = CollectiveType::kAlltoall;
+    entry.name = tensor_name();
+    OP_REQUIRES_OK_ASYNC(ctx, DescribeInput(ctx, input, &entry), done);
+    const tensorflow::DataType splits_dtype = splits.dtype();
+    entry.splits.resize(splits.NumElements());
+    for (int64_t i = 0; i < splits.NumElements(); ++i) {
+      entry.splits[i] = splits_dtype == tensorflow::DT_INT32
+                            ? splits.flat<int32_t>()(i)
+                            : splits.flat<int64_t>()(i);
+    }
+    entry.allocate_output = OutputAllocator(ctx, 0);
+    // The engine calls this before `done`, on its thread; an allocation
+    // failure is reported through `done`'s status.
+    auto splits_status = std::make_shared<absl::Status>();
+    entry.set_received_splits = [ctx, splits_dtype, splits_status](
+                                    const std::vector<int64_t>& received) {
+      Tensor* output = nullptr;
+      *splits_status = ctx->allocate_output(
+          1, TensorShape({static_cast<int64_t>(received.size())}), &output);
+      if (!splits_status->ok()) return;
+      for (size_t i = 0; i < received.size(); ++i) {
+        if (splits_dtype == tensorflow::DT_INT32) {
+          output->flat<int32_t>()(i) = static_cast<int32_t>(received[i]);
+        } else {
+          output->flat<int64_t>()(i) = received[i];
+        }
+      }
+    };
+    Submit(ctx, engine.get(), std::move(entry), input,
+           [ctx, splits_status, done = std::move(done)]() {
+             if (ctx->status().ok() && !splits_status->ok()) {
+               ctx->SetStatus(*splits_status);
+             }
+             done();
+           });
+  }
+};
+
+class BarrierKernel : public CollectiveKernel {
+ public:
+  using CollectiveKernel::CollectiveKernel;
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    std::shared_ptr<Engine> engine = EngineOrFail(ctx, done);
+    if (engine == nullptr) return;
+    TensorEntry entry;
+    entry.type = CollectiveType::kBarrier;
+    entry.name = tensor_name();
+    entry.dtype = DataType::kUint8;
+    entry.shape = Shape{0};
+    entry.device = EngineDevice(ctx);
+    Submit(ctx, engine.get(), std::move(entry), Tensor(), std::move(done));
+  }
+};
+
+using ::tensorflow::DEVICE_CPU;
+using ::tensorflow::register_kernel::Name;
+
+REGISTER_KERNEL_BUILDER(Name("MpiStrategyAllreduce").Device(DEVICE_CPU),
+                        AllreduceKernel);
+REGISTER_KERNEL_BUILDER(
+    Name("MpiStrategyGroupedAllreduce").Device(DEVICE_CPU),
+    GroupedAllreduceKernel);
+REGISTER_KERNEL_BUILDER(Name("MpiStrategyAllgather").Device(DEVICE_CPU),
+                        AllgatherKernel);
+REGISTER_KERNEL_BUILDER(Name("MpiStrategyBroadcast").Device(DEVICE_CPU),
+                        BroadcastKernel);
+REGISTER_KERNEL_BUILDER(Name("MpiStrategyReducescatter").Device(DEVICE_CPU),
+                        ReducescatterKernel);
+REGISTER_KERNEL_BUILDER(Name("MpiStrategyAlltoall").Device(DEVICE_CPU),
+                        AlltoallKernel);
+REGISTER_KERNEL_BUILDER(Name("MpiStrategyBarrier").Device(DEVICE_CPU),
+                        BarrierKernel);
+
+}  // namespace
+}  // namespace mpistrategy

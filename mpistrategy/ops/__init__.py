@@ -1,0 +1,37 @@
+"""Collective ops over MPI: `mpistrategy.ops.allreduce` and friends.
+
+```python
+from mpistrategy import ops
+total = ops.allreduce(tf.constant([1.0, 2.0]), op=ops.Sum)
+rows = ops.allgather(tf.ones([mpistrategy.rank() + 1, 3]))
+```
+
+The op library (`_mpi_ops.so`) is loaded on first use; see `mpi_ops` for
+the naming rules that pair collectives across ranks.
+"""
+
+from mpistrategy.ops.mpi_ops import allgather
+from mpistrategy.ops.mpi_ops import allreduce
+from mpistrategy.ops.mpi_ops import alltoall
+from mpistrategy.ops.mpi_ops import Average
+from mpistrategy.ops.mpi_ops import barrier
+from mpistrategy.ops.mpi_ops import broadcast
+from mpistrategy.ops.mpi_ops import built_with_cuda
+from mpistrategy.ops.mpi_ops import built_with_nccl
+from mpistrategy.ops.mpi_ops import current_options
+from mpistrategy.ops.mpi_ops import grouped_allreduce
+from mpistrategy.ops.mpi_ops import init
+from mpistrategy.ops.mpi_ops import is_initialized
+from mpistrategy.ops.mpi_ops import local_rank
+from mpistrategy.ops.mpi_ops import local_size
+from mpistrategy.ops.mpi_ops import Max
+from mpistrategy.ops.mpi_ops import Mean
+from mpistrategy.ops.mpi_ops import Min
+from mpistrategy.ops.mpi_ops import mpi_threads_supported
+from mpistrategy.ops.mpi_ops import Product
+from mpistrategy.ops.mpi_ops import rank
+from mpistrategy.ops.mpi_ops import reducescatter
+from mpistrategy.ops.mpi_ops import ReduceOp
+from mpistrategy.ops.mpi_ops import shutdown
+from mpistrategy.ops.mpi_ops import size
+from mpistrategy.ops.mpi_ops import Sum

@@ -1,0 +1,106 @@
+"""Finds and loads the op library `_mpi_ops.so` (once per process).
+
+The same file is loaded twice: by `tf.load_op_library`, which registers the
+ops and kernels and returns the generated op wrappers, and by `ctypes`, which
+gives Python the C ABI of cc/kernels/c_api.cc.  Both `dlopen` the same path,
+so they get the same handle and share the engine.
+"""
+
+import ctypes
+import os
+import threading
+
+import tensorflow as tf
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_REPO = os.path.dirname(os.path.dirname(_HERE))
+_NAME = "_mpi_ops.so"
+
+# Where to look, in order: next to this file (`make build` copies it here),
+# then Bazel's output tree of a source checkout.  Tests may put a path in
+# front.
+SEARCH_PATHS = [
+    os.path.join(_HERE, _NAME),
+    os.path.join(_REPO, "bazel-bin", "cc", _NAME),
+]
+
+_lock = threading.Lock()
+_loaded = None
+
+
+class Library:
+  """The loaded op library.
+
+  Attributes:
+    path: The file that was loaded.
+    ops: The module `tf.load_op_library` returned (generated op wrappers such
+      as `mpi_strategy_allreduce`).
+    c: The `ctypes.CDLL` of the same file, with argument and result types set.
+  """
+
+  def __init__(self, path, ops, c):
+    self.path = path
+    self.ops = ops
+    self.c = c
+
+
+def _declare(c):
+  """Sets the ctypes signatures of the C ABI (cc/kernels/c_api.cc)."""
+  c.mpistrategy_init.argtypes = [
+      ctypes.c_int64,   # fusion_threshold_bytes
+      ctypes.c_double,  # cycle_time_ms
+      ctypes.c_int32,   # cache_capacity
+      ctypes.c_double,  # stall_warning_seconds
+      ctypes.c_double,  # stall_timeout_seconds
+      ctypes.c_char_p,  # timeline_path
+      ctypes.c_int,     # hierarchical_allreduce
+      ctypes.c_char_p,  # error_buf
+      ctypes.c_int,     # error_len
+  ]
+  c.mpistrategy_init.restype = ctypes.c_int
+  c.mpistrategy_shutdown.argtypes = []
+  c.mpistrategy_shutdown.restype = None
+  c.mpistrategy_abort.argtypes = [ctypes.c_char_p, ctypes.c_double]
+  c.mpistrategy_abort.restype = None
+  c.mpistrategy_mpi_abort.argtypes = [ctypes.c_int]
+  c.mpistrategy_mpi_abort.restype = None
+  for name in ("is_initialized", "rank", "size", "local_rank", "local_size",
+               "mpi_threads_supported", "built_with_cuda",
+               "built_with_nccl"):
+    fn = getattr(c, "mpistrategy_" + name)
+    fn.argtypes = []
+    fn.restype = ctypes.c_int
+
+
+def load():
+  """Returns the `Library`, loading it on the first call.
+
+  Returns:
+    A `Library`.
+
+  Raises:
+    ImportError: No library was found (it must be built first) or it failed
+      to load.
+  """
+  global _loaded
+  with _lock:
+    if _loaded is not None:
+      return _loaded
+    found = [p for p in SEARCH_PATHS if os.path.isfile(p)]
+    if not found:
+      raise ImportError(
+          "mpistrategy's op library _mpi_ops.so was not found (looked in "
+          f"{', '.join(SEARCH_PATHS)}); build it with `make build` in the "
+          "source checkout (or `bazel build //cc:_mpi_ops.so`)")
+    path = os.path.abspath(found[0])
+    try:
+      ops = tf.load_op_library(path)
+      c = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+      _declare(c)
+    except (OSError, AttributeError, tf.errors.NotFoundError) as e:
+      raise ImportError(
+          f"mpistrategy's op library {path} failed to load: {e}. It must be "
+          f"built against the installed TensorFlow {tf.__version__}; rebuild "
+          "it with `make build`") from e
+    _loaded = Library(path, ops, c)
+    return _loaded

@@ -1,0 +1,699 @@
+"""Collective ops over MPI and process control (`init`, `rank`, ...).
+
+One Python function per op in cc/ops/mpi_ops.cc; each validates its
+arguments, picks the name that pairs the collective across ranks and calls
+the generated op.  The kernels hand the tensor to the C++ engine, whose
+background thread negotiates with the other ranks, so collectives may be
+issued in any order on different ranks as long as their names agree.
+
+Names: a collective is matched across ranks by name.  Without an explicit
+`name`, eager calls are named `eager/<op>.<n>` (a per-process counter per op
+kind: eager code runs in the same order on every rank) and calls inside a
+`tf.function` `<function graph path>/<unique op name>`, which is identical
+on every rank because every rank traces the same program.  The graph path
+lists the enclosing function graphs (e.g. `train_step/cond_true/...`) with
+TensorFlow's process-global uid suffixes removed, so a rank that traced more
+functions than the others (say, rank 0 saving a checkpoint) still agrees.
+An explicit `name` is used as-is.
+
+Every function initializes mpistrategy on first use (`init()` with
+`Options.from_env()`) unless `init` was called before.
+"""
+
+import atexit
+import ctypes
+import enum
+import itertools
+import operator
+import re
+import sys
+import threading
+import traceback
+
+import tensorflow as tf
+# TODO(lead): move this private import to mpistrategy/_tf_private.py.
+from tensorflow.python.framework import auto_control_deps as _acd  # pylint: disable=g-direct-tensorflow-import
+
+from mpistrategy.ops import _library
+from mpistrategy.options import Options
+
+__all__ = [
+    "ReduceOp", "Sum", "Average", "Mean", "Min", "Max", "Product",
+    "allreduce", "grouped_allreduce", "allgather", "broadcast",
+    "reducescatter", "alltoall", "barrier",
+    "init", "shutdown", "is_initialized", "current_options", "rank", "size",
+    "local_rank", "local_size", "mpi_threads_supported", "built_with_cuda",
+    "built_with_nccl",
+]
+
+
+class ReduceOp(enum.Enum):
+  """Element-wise reductions across ranks (`ops.Sum`, `ops.Average`, ...)."""
+  SUM = "sum"
+  MEAN = "mean"  # SUM divided by the world size; floating dtypes only
+  MIN = "min"
+  MAX = "max"
+  PRODUCT = "product"
+
+
+Sum = ReduceOp.SUM
+Average = ReduceOp.MEAN
+Mean = ReduceOp.MEAN
+Min = ReduceOp.MIN
+Max = ReduceOp.MAX
+Product = ReduceOp.PRODUCT
+
+_FLOAT_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+_ALL_DTYPES = _FLOAT_DTYPES + (tf.int32, tf.int64, tf.uint8, tf.int8, tf.bool)
+_NUMERIC_DTYPES = _FLOAT_DTYPES + (tf.int32, tf.int64, tf.uint8, tf.int8)
+
+# StatusCode (cc/engine/common.h) returned by mpistrategy_init: invalid
+# arguments become ValueError, the rest the tf.errors class of that code.
+_INVALID_ARGUMENT = 3
+_ERRORS_BY_CODE = {
+    2: tf.errors.UnknownError,
+    4: tf.errors.DeadlineExceededError,
+    9: tf.errors.FailedPreconditionError,
+    10: tf.errors.AbortedError,
+    12: tf.errors.UnimplementedError,
+    13: tf.errors.InternalError,
+    14: tf.errors.UnavailableError,
+}
+
+# Inside a tf.function, automatic control dependencies chain every stateful op
+# without resource inputs in program order.  For these collectives that
+# chaining is harmful: the engine pairs them by name, so they need no order,
+# and chaining would (a) serialize them, one negotiation round-trip each, so
+# nothing is ever fused, and (b) deadlock programs that issue the same
+# collectives in different orders on different ranks (each rank would wait
+# for its own first op).  Registering them as "must run, order insensitive"
+# keeps them from being pruned while letting the executor run them all at
+# once.  The barrier is not listed: it keeps program order with other
+# stateful ops, which is what a barrier is for.
+_ORDER_INSENSITIVE_OPS = frozenset((
+    "MpiStrategyAllreduce",
+    "MpiStrategyGroupedAllreduce",
+    "MpiStrategyAllgather",
+    "MpiStrategyBroadcast",
+    "MpiStrategyReducescatter",
+    "MpiStrategyAlltoall",
+))
+_acd.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS = (
+    _acd.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS | _ORDER_INSENSITIVE_OPS)
+
+
+# ---------------------------------------------------------------------------
+# Process control
+
+
+class _State:
+  """This process's view of the engine; guarded by `lock`."""
+
+  def __init__(self):
+    self.lock = threading.RLock()
+    self.options = None          # the Options the engine runs with
+    self.atexit_registered = False
+    self.previous_excepthook = None
+    self.eager_counters = {}     # op kind -> itertools.count
+
+
+_state = _State()
+
+
+def _lib():
+  return _library.load()
+
+
+def init(options=None):
+  """Starts mpistrategy: MPI (unless already initialized) and the engine.
+
+  Idempotent: calling it again with the same resolved options does nothing.
+  The `MPISTRATEGY_<FIELD>` environment variables override `options` (see
+  `mpistrategy.Options.from_env`).  MPI is initialized with
+  `MPI_THREAD_MULTIPLE` unless it already is (e.g. by mpi4py, which then
+  keeps owning it); an MPI initialized here is finalized at process exit.
+
+  Args:
+    options: An `mpistrategy.Options`, or None for the defaults.
+
+  Raises:
+    TypeError: `options` is not an `mpistrategy.Options`.
+    ValueError: An option is invalid, or mpistrategy already runs with
+      different options (call `shutdown()` first).
+    tf.errors.OpError: MPI or the engine failed to start (e.g.
+      `tf.errors.FailedPreconditionError` when MPI was finalized already).
+  """
+  if options is not None and not isinstance(options, Options):
+    raise TypeError("init: options must be an mpistrategy.Options or None, "
+                    f"got {type(options).__name__}")
+  resolved = Options.from_env(base=options)
+  with _state.lock:
+    lib = _lib()
+    if _state.options is not None and lib.c.mpistrategy_is_initialized():
+      if resolved == _state.options:
+        return
+      diff = ", ".join(
+          f"{name} (running: {getattr(_state.options, name)!r}, requested: "
+          f"{getattr(resolved, name)!r})"
+          for name in resolved.__dataclass_fields__
+          if getattr(resolved, name) != getattr(_state.options, name))
+      raise ValueError(
+          "mpistrategy is already initialized with different options: "
+          f"{diff}; call mpistrategy.shutdown() first")
+    error_buf = ctypes.create_string_buffer(4096)
+    code = lib.c.mpistrategy_init(
+        resolved.fusion_threshold_bytes, resolved.cycle_time_ms,
+        resolved.cache_capacity, resolved.stall_warning_seconds,
+        resolved.stall_timeout_seconds, resolved.timeline.encode(),
+        int(resolved.hierarchical_allreduce), error_buf, len(error_buf))
+    if code != 0:
+      message = error_buf.value.decode(errors="replace")
+      if code == _INVALID_ARGUMENT:
+        raise ValueError(f"mpistrategy.init: {message}")
+      error_class = _ERRORS_BY_CODE.get(code, tf.errors.UnknownError)
+      raise error_class(None, None, f"mpistrategy.init failed: {message}")
+    _state.options = resolved
+    if not _state.atexit_registered:
+      # Registered after mpi4py's own exit handler (if mpi4py was imported
+      # first), so it runs before MPI is finalized.
+      atexit.register(_shutdown_at_exit)
+      _state.atexit_registered = True
+    if resolved.abort_on_exception and lib.c.mpistrategy_size() > 1:
+      _install_excepthook()
+
+
+def shutdown():
+  """Stops the engine; `init()` may be called again afterwards.
+
+  Collectives still pending fail with `tf.errors.AbortedError` on every rank.
+  MPI itself stays initialized until the process exits.  A no-op when not
+  initialized.
+  """
+  with _state.lock:
+    if _library._loaded is None:  # pylint: disable=protected-access
+      return
+    _lib().c.mpistrategy_shutdown()
+    _state.options = None
+    _uninstall_excepthook()
+
+
+def _shutdown_at_exit():
+  try:
+    shutdown()
+  except Exception:  # pylint: disable=broad-except
+    pass  # interpreter teardown: nothing sensible left to report to
+
+
+def is_initialized():
+  """Returns True when the engine runs (between `init` and `shutdown`)."""
+  if _library._loaded is None:  # pylint: disable=protected-access
+    return False
+  return bool(_lib().c.mpistrategy_is_initialized())
+
+
+def current_options():
+  """Returns the `mpistrategy.Options` the engine runs with, or None."""
+  with _state.lock:
+    return _state.options if is_initialized() else None
+
+
+def _ensure_initialized():
+  if not is_initialized():
+    init()
+  return _lib()
+
+
+def rank():
+  """Returns this process's rank in the MPI world (initializing if needed)."""
+  return _ensure_initialized().c.mpistrategy_rank()
+
+
+def size():
+  """Returns the number of processes in the MPI world."""
+  return _ensure_initialized().c.mpistrategy_size()
+
+
+def local_rank():
+  """Returns this process's rank among the processes on its host."""
+  return _ensure_initialized().c.mpistrategy_local_rank()
+
+
+def local_size():
+  """Returns the number of processes on this process's host."""
+  return _ensure_initialized().c.mpistrategy_local_size()
+
+
+def mpi_threads_supported():
+  """Returns True when MPI runs with `MPI_THREAD_MULTIPLE`."""
+  return bool(_ensure_initialized().c.mpistrategy_mpi_threads_supported())
+
+
+def built_with_cuda():
+  """Returns True when the op library has the GPU kernels."""
+  return bool(_lib().c.mpistrategy_built_with_cuda())
+
+
+def built_with_nccl():
+  """Returns True when the op library can use NCCL for GPU tensors."""
+  return bool(_lib().c.mpistrategy_built_with_nccl())
+
+
+def _install_excepthook():
+  """Makes an uncaught exception end every rank instead of hanging them."""
+  if _state.previous_excepthook is not None:
+    return
+  _state.previous_excepthook = sys.excepthook
+  sys.excepthook = _abort_on_exception
+
+
+def _uninstall_excepthook():
+  if _state.previous_excepthook is None:
+    return
+  if sys.excepthook is _abort_on_exception:
+    sys.excepthook = _state.previous_excepthook
+  _state.previous_excepthook = None
+
+
+def _abort_on_exception(exc_type, exc, tb):
+  """sys.excepthook: print with the rank, tell the other ranks, MPI_Abort."""
+  lib = _library._loaded  # pylint: disable=protected-access
+  my_rank = lib.c.mpistrategy_rank() if lib is not None else -1
+  text = "".join(traceback.format_exception(exc_type, exc, tb))
+  sys.stderr.write("".join(f"[rank {my_rank}] {line}\n"
+                           for line in text.rstrip("\n").split("\n")))
+  sys.stderr.flush()
+  if lib is None:
+    return
+  reason = f"rank {my_rank} raised {exc_type.__name__}: {exc}"
+  lib.c.mpistrategy_abort(reason.encode(errors="replace"), 2.0)
+  lib.c.mpistrategy_mpi_abort(1)
+
+
+# ---------------------------------------------------------------------------
+# Argument checking and names
+
+
+def _to_tensor(value, fn, arg="tensor", dtypes=_ALL_DTYPES):
+  if isinstance(value, tf.IndexedSlices):
+    raise TypeError(
+        f"{fn}: `{arg}` must be a dense tensor, got tf.IndexedSlices "
+        "(allgather its values and indices instead)")
+  try:
+    tensor = tf.convert_to_tensor(value)
+  except (TypeError, ValueError) as e:
+    raise TypeError(
+        f"{fn}: `{arg}` must be convertible to a tf.Tensor, got "
+        f"{type(value).__name__}: {e}") from None
+  if tensor.dtype not in dtypes:
+    raise TypeError(
+        f"{fn}: `{arg}` has dtype {tensor.dtype.name}; accepted dtypes are "
+        f"{', '.join(d.name for d in dtypes)}")
+  return tensor
+
+
+def _reduce_op(op, fn):
+  """Maps `op` to a ReduceOp member; ValueError for anything else."""
+  if isinstance(op, ReduceOp):
+    return op
+  if isinstance(op, tf.distribute.ReduceOp):
+    return ReduceOp.SUM if op == tf.distribute.ReduceOp.SUM else ReduceOp.MEAN
+  if isinstance(op, str):
+    spelled = op.lower()
+    if spelled == "average":
+      spelled = "mean"
+    for member in ReduceOp:
+      if member.value == spelled:
+        return member
+  raise ValueError(
+      f"{fn}: `op` must be one of mpistrategy.ops.Sum, Average (Mean), Min, "
+      f"Max, Product (or tf.distribute.ReduceOp.SUM/MEAN), got {op!r}")
+
+
+def _check_op_dtype(op, tensor, fn):
+  if op == ReduceOp.MEAN and tensor.dtype not in _FLOAT_DTYPES:
+    raise ValueError(
+        f"{fn}: op=Average needs a floating dtype (float16, bfloat16, "
+        f"float32, float64), got {tensor.dtype.name}; use op=Sum and divide")
+
+
+def _check_name(name, fn):
+  if name is not None and (not isinstance(name, str) or not name):
+    raise TypeError(
+        f"{fn}: `name` must be a non-empty str or None, got {name!r}")
+
+
+def _tensor_name(name, kind):
+  """The name pairing this collective across ranks (see module docstring)."""
+  if name is not None:
+    return name
+  if tf.executing_eagerly():
+    with _state.lock:
+      counter = _state.eager_counters.setdefault(kind, itertools.count())
+      n = next(counter)
+    return f"eager/{kind}.{n}"
+  graph = tf.compat.v1.get_default_graph()
+  return f"{_graph_path(graph)}/{graph.unique_name(kind)}"
+
+
+# TensorFlow appends process-global uids to the names of the graphs it
+# creates for cond/while branches and gradients ("cond_true_48",
+# "while_body_115", "__backward_f_12", "cond_true_48_grad_69").  Those uids
+# count every graph built in the process, so they differ across ranks as soon
+# as one rank traces something the others do not (e.g. rank 0 saving a
+# checkpoint): they are dropped.  The chain of enclosing graphs keeps names
+# of branches of different functions apart.
+_TF_UID = re.compile(r"_\d+(?=_|$)")
+
+
+def _graph_path(graph):
+  """"outer/inner" names of the function graphs enclosing `graph`."""
+  parts = []
+  while graph is not None:
+    name = getattr(graph, "name", None)  # plain tf.Graph: no name
+    if not isinstance(name, str) or not name:
+      break
+    parts.append(_TF_UID.sub("", name))
+    graph = getattr(graph, "outer_graph", None)
+  return "/".join(reversed(parts)) or "graph"
+
+
+# ---------------------------------------------------------------------------
+# Collectives
+
+
+@tf.autograph.experimental.do_not_convert
+def allreduce(tensor, op=Sum, name=None):
+  """Reduces `tensor` element-wise across all ranks.
+
+  Args:
+    tensor: A `tf.Tensor` (or value convertible to one) of dtype float16,
+      bfloat16, float32, float64, int32, int64, uint8, int8 or bool; the same
+      shape and dtype on every rank.
+    op: `ops.Sum`, `ops.Average` (alias `ops.Mean`; floating dtypes only),
+      `ops.Min`, `ops.Max` or `ops.Product`.  For bool, Sum/Max are logical
+      or and Min/Product logical and.
+    name: Pairs the collective across ranks; see the module docstring.
+
+  Returns:
+    A `tf.Tensor` with the reduction, shaped like `tensor`.
+
+  Raises:
+    TypeError: `tensor` is not convertible to a tensor of a supported dtype,
+      or `name` is not a str.
+    ValueError: `op` is not one of the constants or does not suit the dtype.
+    tf.errors.FailedPreconditionError: Ranks disagree on shape, dtype or op.
+  """
+  fn = "mpistrategy.ops.allreduce"
+  tensor = _to_tensor(tensor, fn)
+  op = _reduce_op(op, fn)
+  _check_op_dtype(op, tensor, fn)
+  _check_name(name, fn)
+  lib = _ensure_initialized()
+  return lib.ops.mpi_strategy_allreduce(
+      tensor, reduce_op=op.value, tensor_name=_tensor_name(name, "allreduce"))
+
+
+@tf.autograph.experimental.do_not_convert
+def grouped_allreduce(tensors, op=Sum, name=None):
+  """Reduces a list of tensors across ranks in one submission.
+
+  The engine receives all of them at once and can fuse them into few
+  transport calls.
+
+  Args:
+    tensors: A list of tensors (dtypes may differ; see `allreduce`).
+    op: As for `allreduce`; applies to every tensor.
+    name: Base name pairing the group across ranks (tensor i is paired as
+      `<name>.<i>`).
+
+  Returns:
+    A list of `tf.Tensor`, one per input.
+
+  Raises:
+    TypeError: `tensors` is not a list/tuple of tensor-convertible values.
+    ValueError: `op` is invalid for one of the tensors.
+  """
+  fn = "mpistrategy.ops.grouped_allreduce"
+  if not isinstance(tensors, (list, tuple)):
+    raise TypeError(f"{fn}: `tensors` must be a list or tuple of tensors, "
+                    f"got {type(tensors).__name__}")
+  converted = [_to_tensor(t, fn, f"tensors[{i}]")
+               for i, t in enumerate(tensors)]
+  op = _reduce_op(op, fn)
+  for t in converted:
+    _check_op_dtype(op, t, fn)
+  _check_name(name, fn)
+  if not converted:
+    return []
+  lib = _ensure_initialized()
+  return list(lib.ops.mpi_strategy_grouped_allreduce(
+      converted, reduce_op=op.value,
+      tensor_name=_tensor_name(name, "grouped_allreduce")))
+
+
+@tf.autograph.experimental.do_not_convert
+def allgather(tensor, name=None):
+  """Concatenates every rank's `tensor` along the first dimension.
+
+  Args:
+    tensor: A tensor of rank >= 1 (any supported dtype).  The first
+      dimension may differ across ranks; the others must agree.
+    name: Pairs the collective across ranks.
+
+  Returns:
+    A `tf.Tensor`: all ranks' rows, in rank order.
+
+  Raises:
+    TypeError: `tensor` is not convertible to a supported tensor.
+    ValueError: `tensor` is a scalar.
+    tf.errors.FailedPreconditionError: Ranks disagree on dtype or trailing
+      dimensions.
+  """
+  fn = "mpistrategy.ops.allgather"
+  tensor = _to_tensor(tensor, fn)
+  if tensor.shape.rank == 0:
+    raise ValueError(f"{fn}: `tensor` must have rank >= 1, got a scalar")
+  _check_name(name, fn)
+  lib = _ensure_initialized()
+  return lib.ops.mpi_strategy_allgather(
+      tensor, tensor_name=_tensor_name(name, "allgather"))
+
+
+@tf.autograph.experimental.do_not_convert
+def broadcast(tensor, root_rank=0, name=None):
+  """Returns `root_rank`'s `tensor` on every rank.
+
+  Args:
+    tensor: A tensor of any supported dtype; the same shape on every rank.
+    root_rank: The sending rank, an int in [0, size()).
+    name: Pairs the collective across ranks.
+
+  Returns:
+    A `tf.Tensor`.
+
+  Raises:
+    TypeError: `tensor` is not convertible, or `root_rank` is not an int.
+    ValueError: `root_rank` is out of range.
+  """
+  fn = "mpistrategy.ops.broadcast"
+  tensor = _to_tensor(tensor, fn)
+  _check_name(name, fn)
+  try:
+    if isinstance(root_rank, bool):
+      raise TypeError
+    root_rank = operator.index(root_rank)  # int or numpy integer
+  except TypeError:
+    raise TypeError(f"{fn}: `root_rank` must be an int, got "
+                    f"{type(root_rank).__name__} {root_rank!r}") from None
+  lib = _ensure_initialized()
+  world = lib.c.mpistrategy_size()
+  if not 0 <= root_rank < world:
+    raise ValueError(f"{fn}: `root_rank` must be in [0, {world}), got "
+                     f"{root_rank}")
+  return lib.ops.mpi_strategy_broadcast(
+      tensor, root_rank=root_rank,
+      tensor_name=_tensor_name(name, "broadcast"))
+
+
+@tf.autograph.experimental.do_not_convert
+def reducescatter(tensor, op=Sum, name=None):
+  """Reduces `tensor` across ranks; each rank keeps a block of the rows.
+
+  With n rows and world size s, rank r gets n // s rows, plus one more for
+  the first n % s ranks, in rank order.
+
+  Args:
+    tensor: A tensor of rank >= 1 (numeric dtypes); the same shape on every
+      rank.
+    op: As for `allreduce`.
+    name: Pairs the collective across ranks.
+
+  Returns:
+    A `tf.Tensor` with this rank's rows of the reduction.
+
+  Raises:
+    TypeError: `tensor` is not convertible to a supported tensor.
+    ValueError: `tensor` is a scalar or `op` is invalid.
+  """
+  fn = "mpistrategy.ops.reducescatter"
+  tensor = _to_tensor(tensor, fn, dtypes=_NUMERIC_DTYPES)
+  if tensor.shape.rank == 0:
+    raise ValueError(f"{fn}: `tensor` must have rank >= 1, got a scalar")
+  op = _reduce_op(op, fn)
+  _check_op_dtype(op, tensor, fn)
+  _check_name(name, fn)
+  lib = _ensure_initialized()
+  return lib.ops.mpi_strategy_reducescatter(
+      tensor, reduce_op=op.value,
+      tensor_name=_tensor_name(name, "reducescatter"))
+
+
+@tf.autograph.experimental.do_not_convert
+def alltoall(tensor, splits=None, name=None):
+  """Sends block r of `tensor`'s rows to rank r; returns what arrives.
+
+  Args:
+    tensor: A tensor of rank >= 1 (any supported dtype); all dimensions but
+      the first agree across ranks.
+    splits: Rows sent to each rank: a 1-D int32/int64 tensor or list with
+      size() non-negative entries summing to the first dimension, or None
+      for an even split (which must divide the first dimension).
+    name: Pairs the collective across ranks.
+
+  Returns:
+    `(output, received_splits)`: the received rows concatenated in rank
+    order, and the number of rows from each rank (dtype of `splits`, int64
+    when `splits` is None).
+
+  Raises:
+    TypeError: `tensor` or `splits` have unsupported types.
+    ValueError: `tensor` is a scalar or `splits` is not 1-D.
+    tf.errors.InvalidArgumentError: `splits` do not fit the tensor.
+  """
+  fn = "mpistrategy.ops.alltoall"
+  tensor = _to_tensor(tensor, fn)
+  if tensor.shape.rank == 0:
+    raise ValueError(f"{fn}: `tensor` must have rank >= 1, got a scalar")
+  if splits is None:
+    splits = tf.zeros([0], tf.int64)
+  else:
+    if not isinstance(splits, tf.Tensor) and isinstance(splits, (list, tuple)):
+      splits = tf.constant(splits, tf.int64) if splits else tf.zeros(
+          [0], tf.int64)
+    splits = _to_tensor(splits, fn, "splits", dtypes=(tf.int32, tf.int64))
+    if splits.shape.rank is not None and splits.shape.rank != 1:
+      raise ValueError(f"{fn}: `splits` must be 1-D, got shape "
+                       f"{splits.shape}")
+  _check_name(name, fn)
+  lib = _ensure_initialized()
+  output, received = lib.ops.mpi_strategy_alltoall(
+      tensor, splits, tensor_name=_tensor_name(name, "alltoall"))
+  return output, received
+
+
+@tf.autograph.experimental.do_not_convert
+def barrier(name=None):
+  """Blocks until every rank reached the barrier with the same name.
+
+  Args:
+    name: Pairs the barrier across ranks.
+
+  Returns:
+    None when executing eagerly, else the barrier `tf.Operation` (stateful;
+    inside `tf.function` it runs in program order with other stateful ops).
+  """
+  fn = "mpistrategy.ops.barrier"
+  _check_name(name, fn)
+  lib = _ensure_initialized()
+  op = lib.ops.mpi_strategy_barrier(tensor_name=_tensor_name(name, "barrier"))
+  return None if tf.executing_eagerly() else op
+
+
+# ---------------------------------------------------------------------------
+# Gradients.  Convention: every rank's loss is summed, so d(total)/d(x_local)
+# gathers the upstream gradients of all ranks.
+
+
+def _attr_str(op, name):
+  value = op.get_attr(name)
+  return value.decode() if isinstance(value, bytes) else value
+
+
+def _dense(grad):
+  # Gradients of gathers arrive as tf.IndexedSlices; the ops take dense
+  # tensors.
+  return tf.convert_to_tensor(grad) if isinstance(
+      grad, tf.IndexedSlices) else grad
+
+
+def _allreduce_grad(x, y, grad, reduce_op):
+  grad = _dense(grad)
+  if reduce_op in (ReduceOp.SUM, ReduceOp.MEAN):
+    return allreduce(grad, op=reduce_op)
+  if x.dtype not in _FLOAT_DTYPES:
+    return None
+  total = allreduce(grad, op=Sum)
+  if reduce_op in (ReduceOp.MIN, ReduceOp.MAX):
+    return total * tf.cast(tf.equal(x, y), grad.dtype)
+  return total * tf.math.divide_no_nan(y, x)  # PRODUCT
+
+
+@tf.RegisterGradient("MpiStrategyAllreduce")
+def _allreduce_gradient(op, grad):
+  return _allreduce_grad(op.inputs[0], op.outputs[0], grad,
+                         ReduceOp(_attr_str(op, "reduce_op")))
+
+
+@tf.RegisterGradient("MpiStrategyGroupedAllreduce")
+def _grouped_allreduce_gradient(op, *grads):
+  reduce_op = ReduceOp(_attr_str(op, "reduce_op"))
+  if reduce_op in (ReduceOp.SUM, ReduceOp.MEAN):
+    present = [i for i, g in enumerate(grads) if g is not None]
+    reduced = grouped_allreduce([_dense(grads[i]) for i in present],
+                                op=reduce_op)
+    result = [None] * len(grads)
+    for i, r in zip(present, reduced):
+      result[i] = r
+    return result
+  return [None if g is None else _allreduce_grad(x, y, g, reduce_op)
+          for x, y, g in zip(op.inputs, op.outputs, grads)]
+
+
+@tf.RegisterGradient("MpiStrategyAllgather")
+def _allgather_gradient(op, grad):
+  x = op.inputs[0]
+  total = allreduce(_dense(grad), op=Sum)
+  rows = tf.shape(x, out_type=tf.int64)[:1]
+  sizes = allgather(rows)
+  my_rank = rank()
+  offset = tf.reduce_sum(sizes[:my_rank])
+  return total[offset:offset + rows[0]]
+
+
+@tf.RegisterGradient("MpiStrategyBroadcast")
+def _broadcast_gradient(op, grad):
+  total = allreduce(_dense(grad), op=Sum)
+  if rank() == op.get_attr("root_rank"):
+    return total
+  return tf.zeros_like(total)
+
+
+@tf.RegisterGradient("MpiStrategyReducescatter")
+def _reducescatter_gradient(op, grad):
+  reduce_op = ReduceOp(_attr_str(op, "reduce_op"))
+  if reduce_op not in (ReduceOp.SUM, ReduceOp.MEAN):
+    return None
+  gathered = allgather(_dense(grad))
+  if reduce_op == ReduceOp.MEAN:
+    gathered = gathered / tf.cast(size(), gathered.dtype)
+  return gathered
+
+
+@tf.RegisterGradient("MpiStrategyAlltoall")
+def _alltoall_gradient(op, grad, unused_splits_grad):
+  del unused_splits_grad
+  back, _ = alltoall(_dense(grad), splits=op.outputs[1])
+  return back, None
+
+
+tf.no_gradient("MpiStrategyBarrier")

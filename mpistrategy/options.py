@@ -1,0 +1,271 @@
+"""Configuration of the mpistrategy engine.
+
+`Options` is the one configuration object.  Every field can be overridden by
+an environment variable `MPISTRATEGY_<FIELD>` (upper case), resolved here by
+`Options.from_env`; this module is the only place that reads the environment
+(the C++ engine receives the resolved values).
+"""
+
+import dataclasses
+import math
+import numbers
+import operator
+import os
+import warnings
+
+__all__ = ["Options"]
+
+_ENV_PREFIX = "MPISTRATEGY_"
+
+# MPISTRATEGY_* variables that are not Options fields but are read by other
+# tools (the build, the test runner), so `from_env` must not warn about them.
+_NON_OPTION_VARIABLES = frozenset({
+    "MPISTRATEGY_CUDA_LINK",      # third_party/gpu (Bazel --config=cuda)
+    "MPISTRATEGY_TEST_TIMEOUT",   # tests/mpirun_pytest.sh
+})
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """Configuration of the mpistrategy engine (immutable).
+
+  Every field can be overridden with the environment variable
+  `MPISTRATEGY_<FIELD>`, e.g. `MPISTRATEGY_CYCLE_TIME_MS=5`, when the options
+  are resolved with `Options.from_env()` (which `mpistrategy.init()` does).
+
+  Example:
+
+  ```python
+  options = mpistrategy.Options(fusion_threshold_bytes=32 << 20,
+                                stall_timeout_seconds=600)
+  mpistrategy.init(options)
+  ```
+
+  Args:
+    fusion_threshold_bytes: Ready allreduces of the same dtype, reduce op and
+      device are packed into one buffer of at most this many bytes and reduced
+      with one transport call.  An integer >= 0; 0 disables fusion.  Default
+      64 MiB.
+    cycle_time_ms: How long (milliseconds) the engine's background thread
+      sleeps when idle before joining an empty negotiation cycle anyway.
+      Submitting a tensor wakes it immediately, so this is not a latency
+      floor; it bounds how stale the stall inspector's view can get.  A
+      number > 0.  Default 1.
+    cache_capacity: Number of negotiated collectives remembered for the
+      steady-state fast path (bit-vector agreement instead of a gather and a
+      broadcast).  An integer >= 0; 0 disables the cache.  Default 1024.
+    stall_warning_seconds: A collective submitted by some ranks but not by
+      others for this long is logged with the missing ranks.  A number >= 0;
+      0 disables the warning.  Default 60.
+    stall_timeout_seconds: ... and after this long it fails with
+      `tf.errors.DeadlineExceededError` on the ranks that submitted it.  A
+      number >= 0; 0 (the default) waits forever, as MPI does.
+    timeline: Path of a Chrome-trace JSON file written by rank 0's engine;
+      empty (the default) disables the timeline.
+    hierarchical_allreduce: GPU tensors: NCCL inside a node, MPI between
+      nodes.  Default False.
+    abort_on_exception: When True (the default) and the world has more than
+      one rank, `mpistrategy.init()` installs a `sys.excepthook` that prints
+      the uncaught exception prefixed with the rank, tells the other ranks'
+      engines (their pending collectives fail with
+      `tf.errors.AbortedError` naming this rank) and then calls `MPI_Abort`,
+      so no rank hangs waiting for a rank that died.
+
+  Raises:
+    TypeError: A field has the wrong type.
+    ValueError: A field has an out-of-range value.
+  """
+
+  fusion_threshold_bytes: int = 64 << 20
+  cycle_time_ms: float = 1.0
+  cache_capacity: int = 1024
+  stall_warning_seconds: float = 60.0
+  stall_timeout_seconds: float = 0.0
+  timeline: str = ""
+  hierarchical_allreduce: bool = False
+  abort_on_exception: bool = True
+
+  def __post_init__(self):
+    _check_int(self, "fusion_threshold_bytes", minimum=0,
+               hint="an integer >= 0 (0 disables fusion)")
+    _check_float(self, "cycle_time_ms", positive=True,
+                 hint="a finite number > 0")
+    _check_int(self, "cache_capacity", minimum=0, maximum=2**31 - 1,
+               hint="an integer >= 0 (0 disables the cache)")
+    _check_float(self, "stall_warning_seconds", positive=False,
+                 hint="a number >= 0 (0 disables the warning)")
+    _check_float(self, "stall_timeout_seconds", positive=False,
+                 hint="a number >= 0 (0 waits forever)")
+    timeline = self.timeline
+    if timeline is None:
+      timeline = ""
+    if isinstance(timeline, os.PathLike):
+      timeline = os.fspath(timeline)
+    if not isinstance(timeline, str):
+      raise TypeError(
+          "Options.timeline must be a file path (str) or empty, got "
+          f"{type(self.timeline).__name__} {self.timeline!r}")
+    object.__setattr__(self, "timeline", timeline)
+    for name in ("hierarchical_allreduce", "abort_on_exception"):
+      value = getattr(self, name)
+      if not isinstance(value, bool):
+        raise TypeError(
+            f"Options.{name} must be True or False, got "
+            f"{type(value).__name__} {value!r}")
+
+  @classmethod
+  def from_env(cls, base=None, environ=None):
+    """Returns `base` with the `MPISTRATEGY_<FIELD>` overrides applied.
+
+    Unknown `MPISTRATEGY_*` variables are reported with a warning naming them
+    and the known ones (they are usually typos).
+
+    Args:
+      base: The `Options` to start from; default `Options()`.
+      environ: The mapping to read; default `os.environ`.
+
+    Returns:
+      An `Options`.
+
+    Raises:
+      TypeError: `base` is not an `Options`.
+      ValueError: A variable's value cannot be parsed or is out of range;
+        the message names the variable, the value and what is accepted.
+    """
+    if base is None:
+      base = cls()
+    if not isinstance(base, Options):
+      raise TypeError(
+          f"base must be an mpistrategy.Options, got {type(base).__name__}")
+    environ = os.environ if environ is None else environ
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    known = sorted(_ENV_PREFIX + name.upper() for name in fields)
+    changes = {}
+    for variable in sorted(environ):
+      if not variable.startswith(_ENV_PREFIX):
+        continue
+      name = variable[len(_ENV_PREFIX):].lower()
+      if name not in fields:
+        if variable not in _NON_OPTION_VARIABLES:
+          warnings.warn(
+              f"Ignoring unknown environment variable {variable}; the known "
+              f"mpistrategy variables are {', '.join(known)}",
+              stacklevel=2)
+        continue
+      changes[name] = _parse_env(variable, name, fields[name].type,
+                                 environ[variable])
+    if not changes:
+      return base
+    try:
+      return dataclasses.replace(base, **changes)
+    except (TypeError, ValueError) as e:
+      variables = ", ".join(
+          f"{_ENV_PREFIX}{n.upper()}={environ[_ENV_PREFIX + n.upper()]!r}"
+          for n in changes)
+      raise ValueError(f"{e} (from the environment: {variables})") from None
+
+  def replace(self, **changes):
+    """Returns a copy with `changes` applied (and validated).
+
+    Args:
+      **changes: Field names and their new values.
+
+    Returns:
+      An `Options`.
+
+    Raises:
+      TypeError: An unknown field name, or a value of the wrong type.
+      ValueError: An out-of-range value.
+    """
+    names = {f.name for f in dataclasses.fields(self)}
+    for name in changes:
+      if name not in names:
+        raise TypeError(
+            f"Options has no field {name!r}; the fields are "
+            f"{', '.join(sorted(names))}")
+    return dataclasses.replace(self, **changes)
+
+  def merge(self, other):
+    """Returns these options overridden by the non-default fields of `other`.
+
+    Args:
+      other: An `Options` or None (which returns `self`).
+
+    Returns:
+      An `Options`.
+
+    Raises:
+      TypeError: `other` is not an `Options`.
+    """
+    if other is None:
+      return self
+    if not isinstance(other, Options):
+      raise TypeError(
+          f"other must be an mpistrategy.Options, got {type(other).__name__}")
+    defaults = Options()
+    changes = {
+        f.name: getattr(other, f.name)
+        for f in dataclasses.fields(self)
+        if getattr(other, f.name) != getattr(defaults, f.name)
+    }
+    return dataclasses.replace(self, **changes) if changes else self
+
+
+def _check_int(options, name, minimum, hint, maximum=None):
+  value = getattr(options, name)
+  if isinstance(value, bool):
+    raise TypeError(f"Options.{name} must be {hint}, got bool {value!r}")
+  try:
+    value = operator.index(value)  # int, numpy integers; not float or str
+  except TypeError:
+    raise TypeError(
+        f"Options.{name} must be {hint}, got {type(value).__name__} "
+        f"{value!r}") from None
+  object.__setattr__(options, name, value)
+  if value < minimum or (maximum is not None and value > maximum):
+    raise ValueError(f"Options.{name} must be {hint}, got {value!r}")
+
+
+def _check_float(options, name, positive, hint):
+  value = getattr(options, name)
+  if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    raise TypeError(
+        f"Options.{name} must be {hint}, got {type(value).__name__} "
+        f"{value!r}")
+  value = float(value)
+  object.__setattr__(options, name, value)
+  if math.isnan(value) or math.isinf(value) or value < 0 or (
+      positive and value == 0):
+    raise ValueError(f"Options.{name} must be {hint}, got {value!r}")
+
+
+def _parse_env(variable, name, field_type, text):
+  """Parses one environment override; ValueError names variable and value."""
+  stripped = text.strip()
+  field_type = field_type if isinstance(field_type, str) else field_type.__name__
+  if field_type == "bool":
+    if stripped.lower() in _TRUE:
+      return True
+    if stripped.lower() in _FALSE:
+      return False
+    raise ValueError(
+        f"{variable}={text!r} is not a boolean; accepted values are "
+        f"{', '.join(_TRUE + _FALSE)} (case-insensitive)")
+  if field_type == "int":
+    try:
+      return int(stripped, 10)
+    except ValueError:
+      raise ValueError(
+          f"{variable}={text!r} is not an integer; Options.{name} accepts a "
+          f"decimal integer") from None
+  if field_type == "float":
+    try:
+      return float(stripped)
+    except ValueError:
+      raise ValueError(
+          f"{variable}={text!r} is not a number; Options.{name} accepts a "
+          f"decimal number") from None
+  return text
