@@ -1,0 +1,197 @@
+"""Median Keras training-step time: MPIStrategy vs MultiWorkerMirroredStrategy.
+
+    python bench/keras_step.py            # driver: launches the three runs
+
+The driver runs the same model (MLP 1024-1024-1024-10, 2.1 M parameters,
+global batch 128, steps_per_execution 1) three times and prints a table:
+
+* `single`: one process, default strategy, the global batch;
+* `mpi`:    `mpirun -np 2`, `mpistrategy.MPIStrategy`;
+* `mwms`:   `mpirun -np 2`, TF's own `tf.distribute.MultiWorkerMirroredStrategy`
+  with `TF_CONFIG` on localhost ports (mpirun only launches; the rank comes
+  from OMPI_COMM_WORLD_RANK).
+
+Overhead = step time minus the single-process step time.  The target is an
+MPIStrategy overhead of at most 1/3 of MWMS's.  On a 2-core machine no
+speed-up over one process is possible: this compares communication cost.
+
+Stock MWMS cannot run Keras 3.15 `fit` (TF-INTEGRATION-NOTES §6); the `mwms`
+worker applies the two minimal patches below, and *only* there.
+"""
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _free_ports(n):
+  socks = [socket.socket() for _ in range(n)]
+  for s in socks:
+    s.bind(("localhost", 0))
+  ports = [s.getsockname()[1] for s in socks]
+  for s in socks:
+    s.close()
+  return ports
+
+
+def _patch_stock_mwms_for_keras3():
+  """BENCHMARK-ONLY patches so stock MWMS can run Keras 3.15 fit.
+
+  P-K1: CollectiveAllReduceExtended._reduce_to does not map over nests.
+  P-K2: Strategy.reduce(MEAN, scalar, axis=0) from Keras' per-step logs.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.distribute import collective_all_reduce_strategy as c  # pylint: disable=g-import-not-at-top
+  ext = c.CollectiveAllReduceExtended
+  orig_reduce_to = ext._reduce_to  # pylint: disable=protected-access
+
+  def _reduce_to(self, reduce_op, value, destinations, options):
+    if tf.nest.is_nested(value):
+      return tf.nest.map_structure(
+          lambda v: orig_reduce_to(self, reduce_op, v, destinations, options),
+          value)
+    return orig_reduce_to(self, reduce_op, value, destinations, options)
+
+  ext._reduce_to = _reduce_to  # pylint: disable=protected-access
+  cls = c.CollectiveAllReduceStrategy
+  orig_reduce = cls.reduce
+
+  def reduce(self, reduce_op, value, axis):
+    v = value.values[0] if hasattr(value, "values") else value
+    if axis is not None and getattr(v, "shape", None) is not None and (
+        v.shape.rank == 0):
+      axis = None
+    return orig_reduce(self, reduce_op, value, axis)
+
+  cls.reduce = reduce
+
+
+def worker(args):
+  """One process of one configuration; rank 0 writes the JSON result."""
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+  if args.mode == "mwms":
+    os.environ["TF_CONFIG"] = json.dumps({
+        "cluster": {"worker": ["localhost:%d" % p for p in args.ports]},
+        "task": {"type": "worker", "index": rank}})
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import keras  # pylint: disable=g-import-not-at-top
+  if args.mode == "mpi":
+    sys.path.insert(0, ROOT)
+    import mpistrategy  # pylint: disable=g-import-not-at-top
+    strategy = mpistrategy.MPIStrategy()
+  elif args.mode == "mwms":
+    _patch_stock_mwms_for_keras3()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            implementation=tf.distribute.experimental
+            .CommunicationImplementation.RING))
+  else:
+    strategy = tf.distribute.get_strategy()
+
+  gbs = args.global_batch
+  rng = np.random.RandomState(0)
+  x = rng.rand(gbs, 1024).astype(np.float32)
+  y = rng.randint(0, 10, size=[gbs]).astype(np.int32)
+  steps = args.warmup + args.steps
+  ds = tf.data.Dataset.from_tensors((x, y)).repeat(steps)
+
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((1024,))] + [
+        keras.layers.Dense(1024, activation="relu") for _ in range(2)] + [
+            keras.layers.Dense(10)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01),
+                  loss=keras.losses.SparseCategoricalCrossentropy(
+                      from_logits=True))
+
+  times = []
+
+  class Timer(keras.callbacks.Callback):
+
+    def on_train_batch_begin(self, batch, logs=None):
+      self.t = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+      times.append(time.perf_counter() - self.t)
+
+  model.fit(ds, epochs=1, steps_per_epoch=steps, callbacks=[Timer()],
+            shuffle=False, verbose=0)
+  median = float(np.median(times[args.warmup:]))
+  if rank == 0:
+    with open(args.out, "w") as f:
+      json.dump({"mode": args.mode, "median_s": median,
+                 "params": model.count_params()}, f)
+
+
+def driver(args):
+  py = sys.executable
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+             OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+             PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  results = {}
+  for mode in ("single", "mpi", "mwms"):
+    out = os.path.join("/tmp", "keras_step_%s_%d.json" % (mode, os.getpid()))
+    cmd = [py, os.path.abspath(__file__), "--worker", "--mode", mode,
+           "--out", out, "--steps", str(args.steps),
+           "--warmup", str(args.warmup),
+           "--global-batch", str(args.global_batch)]
+    if mode != "single":
+      if mode == "mwms":
+        cmd += ["--ports"] + [str(p) for p in _free_ports(args.np)]
+      cmd = [args.mpirun, "-np", str(args.np), "--oversubscribe",
+             "--bind-to", "none", "-x", "PYTHONPATH", "-x",
+             "TF_CPP_MIN_LOG_LEVEL"] + cmd
+    print("running", mode, "...", flush=True)
+    proc = subprocess.run(cmd, env=env, timeout=args.timeout,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, check=False)
+    if proc.returncode != 0 or not os.path.exists(out):
+      print(proc.stdout[-4000:])
+      raise SystemExit("%s run failed (exit %d)" % (mode, proc.returncode))
+    with open(out) as f:
+      results[mode] = json.load(f)
+    os.remove(out)
+
+  single = results["single"]["median_s"]
+  print("\nMLP 1024x3 (%.2f M params), global batch %d, %d ranks, median of %d"
+        " steps" % (results["single"]["params"] / 1e6, args.global_batch,
+                    args.np, args.steps))
+  print("%-22s %12s %14s" % ("configuration", "step (ms)", "overhead (ms)"))
+  for mode, label in (("single", "1 process"), ("mpi", "MPIStrategy"),
+                      ("mwms", "MWMS (gRPC, patched)")):
+    t = results[mode]["median_s"]
+    print("%-22s %12.2f %14.2f" % (label, t * 1e3, (t - single) * 1e3))
+  mpi_over = results["mpi"]["median_s"] - single
+  mwms_over = results["mwms"]["median_s"] - single
+  ratio = mpi_over / mwms_over if mwms_over > 0 else float("nan")
+  print("MPIStrategy overhead / MWMS overhead = %.2f (target <= 0.33)" % ratio)
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+  p.add_argument("--mode", choices=["single", "mpi", "mwms"])
+  p.add_argument("--out")
+  p.add_argument("--ports", type=int, nargs="*")
+  p.add_argument("--np", type=int, default=2)
+  p.add_argument("--steps", type=int, default=40)
+  p.add_argument("--warmup", type=int, default=8)
+  p.add_argument("--global-batch", type=int, default=128)
+  p.add_argument("--mpirun", default="mpirun")
+  p.add_argument("--timeout", type=int, default=600)
+  args = p.parse_args()
+  if args.worker:
+    worker(args)
+  else:
+    driver(args)
+
+
+if __name__ == "__main__":
+  main()

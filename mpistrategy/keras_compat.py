@@ -1,0 +1,98 @@
+"""Minimal Keras 3 patches that multi-process training needs.
+
+`MPIStrategy.__init__` calls `install()`; each patch is applied once per
+process (idempotent) and is a no-op unless the active strategy is a
+multi-process `MPIStrategy`, so single-process code is unaffected.
+
+1. `LossScaleOptimizer.check_finite` (upstream bug, Keras 3.15
+   `keras/src/optimizers/loss_scale_optimizer.py`, `_tf_apply`): the optimizer
+   decides "finite or not" from the *local, not yet all-reduced* gradients --
+   its comment assumes they were reduced already -- and then runs
+   `cond(finite, apply_fn, skip_fn)` where only `apply_fn` contains the
+   gradient all-reduce.  When one rank overflows and another does not, the
+   ranks issue different collectives: one hangs, or MPI reports a truncated
+   message.  The patch all-reduces the flag (MIN over ranks), so every rank
+   skips the step -- and halves its loss scale -- together.
+
+2. `ProgbarLogger` on ranks other than 0: progress bars and per-epoch log
+   lines are printed by rank 0 only (the logged values are global, so the
+   other ranks would print the same numbers N times, interleaved).  Only the
+   progress-bar callback is silenced; `print` and `model.summary()` are left
+   alone.
+"""
+
+import tensorflow as tf
+
+_INSTALLED = set()
+
+
+def _active_mpi_world():
+  """Returns the world size if the current strategy is an MPIStrategy."""
+  from mpistrategy import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  s = tf.distribute.get_strategy()
+  if isinstance(s, strategy_lib.MPIStrategy):
+    return s.extended._num_workers  # pylint: disable=protected-access
+  return 1
+
+
+def _patch_loss_scale_optimizer():
+  from keras.src.optimizers import loss_scale_optimizer  # pylint: disable=g-import-not-at-top
+  cls = loss_scale_optimizer.LossScaleOptimizer
+  original = cls.check_finite
+  if getattr(original, "_mpistrategy_patched", False):
+    return
+
+  def check_finite(self, grads):
+    finite = original(self, grads)
+    if _active_mpi_world() <= 1:
+      return finite
+    from mpistrategy import ops  # pylint: disable=g-import-not-at-top
+    # MIN over ranks of the local flag: finite only if finite everywhere.
+    with tf.name_scope("MPILossScaleFinite"):
+      flag = ops.allreduce(tf.cast(finite, tf.int32), op=ops.Min)
+    return tf.cast(flag, tf.bool)
+
+  check_finite._mpistrategy_patched = True  # pylint: disable=protected-access
+  check_finite.__doc__ = original.__doc__
+  cls.check_finite = check_finite
+
+
+def _patch_progbar(rank):
+  if rank == 0:
+    return
+  from keras.src.callbacks import progbar_logger  # pylint: disable=g-import-not-at-top
+  cls = progbar_logger.ProgbarLogger
+  original = cls.set_params
+  if getattr(original, "_mpistrategy_patched", False):
+    return
+
+  def set_params(self, params):
+    original(self, params)
+    if _active_mpi_world() > 1 or _world_size() > 1:
+      self.verbose = 0
+
+  set_params._mpistrategy_patched = True  # pylint: disable=protected-access
+  cls.set_params = set_params
+
+
+_WORLD = {"size": 1}
+
+
+def _world_size():
+  return _WORLD["size"]
+
+
+def install(rank, size):
+  """Applies the patches of this module (idempotent).
+
+  Args:
+    rank: this process' MPI rank.
+    size: the MPI world size.
+  """
+  _WORLD["size"] = max(_WORLD["size"], size)
+  if "lso" not in _INSTALLED:
+    _patch_loss_scale_optimizer()
+    _INSTALLED.add("lso")
+  if "progbar" not in _INSTALLED and size > 1:
+    _patch_progbar(rank)
+    _INSTALLED.add("progbar")

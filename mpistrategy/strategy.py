@@ -1,0 +1,378 @@
+"""`MPIStrategy`: a drop-in `tf.distribute` strategy over MPI.
+
+The strategy is a `tf.distribute.MultiWorkerMirroredStrategy` (Keras 3 keys
+its multi-worker code paths on that `isinstance`) whose constructor is
+replaced: no `TF_CONFIG`, no gRPC server, no collective executor.  The MPI
+world (`mpirun -np N`) is the cluster, every process is one worker with one
+local device, and every cross-process reduction goes through a
+`mpistrategy.cross_device_ops.MPIAllReduce`.
+
+Everything else -- `MirroredVariable`/`SyncOnReadVariable` creation, dataset
+auto-sharding by `InputContext`, the cross-worker end-of-data sync, chief-only
+`should_checkpoint`, replica ids -- is inherited unchanged from
+`CollectiveAllReduceExtended` (see ../shared/TF-INTEGRATION-NOTES.md §2).
+"""
+
+import copy
+import weakref
+
+import numpy as np
+import tensorflow as tf
+
+from mpistrategy import _tf_private as _tfp
+from mpistrategy.cross_device_ops import mpi_all_reduce
+from mpistrategy.cross_device_ops import nccl_all_reduce
+
+# Dtypes the engine can broadcast.  Variables of other dtypes (strings,
+# resources) keep their local initial value.
+_BROADCASTABLE = frozenset([
+    tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64,
+    tf.uint8, tf.int8, tf.bool,
+])
+
+
+def _runtime():
+  import mpistrategy  # pylint: disable=g-import-not-at-top
+  return mpistrategy
+
+
+def _ops():
+  from mpistrategy import ops  # pylint: disable=g-import-not-at-top
+  return ops
+
+
+def _init_engine(communication_options):
+  """Starts the engine, honouring the strategy-level engine-wide options.
+
+  `bytes_per_pack` becomes the engine's fusion threshold and
+  `timeout_seconds` its stall timeout.  Both are process-wide, so they can
+  only be applied by the call that starts the engine.
+
+  Args:
+    communication_options: a `tf.distribute.experimental.CommunicationOptions`.
+
+  Raises:
+    ValueError: if the engine already runs with different settings.
+  """
+  rt = _runtime()
+  overrides = {}
+  if communication_options.bytes_per_pack:
+    overrides["fusion_threshold_bytes"] = int(
+        communication_options.bytes_per_pack)
+  if communication_options.timeout_seconds:
+    overrides["stall_timeout_seconds"] = float(
+        communication_options.timeout_seconds)
+  if not overrides:
+    rt.init()
+    return
+  options_cls = getattr(rt, "Options", None)
+  if options_cls is None:
+    raise ValueError(
+        "CommunicationOptions(bytes_per_pack/timeout_seconds) need "
+        "mpistrategy.Options, which this build does not provide.")
+  if rt.is_initialized():
+    current = getattr(rt, "current_options", lambda: None)()
+    if current is None or any(
+        getattr(current, k, None) != v for k, v in overrides.items()):
+      raise ValueError(
+          "The mpistrategy engine is already running, and "
+          f"{sorted(overrides)} are engine-wide settings fixed when it "
+          "starts. Create the MPIStrategy with these CommunicationOptions "
+          "before any other mpistrategy call, or set them with "
+          "mpistrategy.init(mpistrategy.Options(...)) / MPISTRATEGY_* "
+          "environment variables.")
+    return
+  base = options_cls()
+  try:
+    import dataclasses  # pylint: disable=g-import-not-at-top
+    opts = dataclasses.replace(base, **overrides)
+  except TypeError:
+    opts = options_cls(**overrides)
+  rt.init(opts)
+
+
+def _local_device():
+  """One device per process: GPU `local_rank % #GPUs` if any, else CPU:0."""
+  gpus = tf.config.list_logical_devices("GPU")
+  if gpus:
+    index = _runtime().local_rank() % len(gpus)
+    return "/device:GPU:%d" % index, "GPU"
+  return "/device:CPU:0", "CPU"
+
+
+class MPIExtended(_tfp.CollectiveAllReduceExtended):
+  """Implementation of `MPIStrategy` (`strategy.extended`).
+
+  Replaces `CollectiveAllReduceExtended.__init__` (which wants a cluster
+  resolver and starts gRPC) and fixes the spots where the inherited code
+  would stay rank-local or trips over Keras 3.
+  """
+
+  # pylint: disable=super-init-not-called,protected-access
+  def __init__(self, container_strategy, cross_device_ops,
+               communication_options):
+    _tfp.distribute_lib.StrategyExtendedV1.__init__(self, container_strategy)
+    _init_engine(communication_options)
+    rt = _runtime()
+    rank, size = rt.rank(), rt.size()
+    device, device_type = _local_device()
+
+    self._communication_options = communication_options
+    self._collective_key_base = container_strategy._collective_key_base
+    self._num_workers = size
+    self._id_in_cluster = rank
+    self._is_chief = rank == 0
+    self._task_type = "worker"
+    self._task_id = rank
+    # `None` makes the inherited `_update_config_proto` skip all gRPC
+    # collective configuration.
+    self._cluster_spec = None
+    self._local_or_standalone_client_mode = False
+    self._worker_device = _tfp.device_util.canonicalize("/device:CPU:0")
+    self._host_input_device = _tfp.numpy_dataset.SingleDevice(
+        self._worker_device)
+    self._cluster_resolver = _tfp.SimpleClusterResolver(
+        tf.train.ClusterSpec({}), task_type="worker", task_id=rank,
+        num_accelerators={device_type: 1} if device_type == "GPU" else None)
+
+    if cross_device_ops is None:
+      if (communication_options.implementation ==
+          _tfp.CommunicationImplementation.NCCL):
+        cross_device_ops = nccl_all_reduce.NcclAllReduce(communication_options)
+      else:
+        cross_device_ops = mpi_all_reduce.MPIAllReduce(communication_options)
+    elif not isinstance(cross_device_ops, mpi_all_reduce.MPIAllReduce):
+      raise ValueError(
+          "MPIStrategy needs a cross_device_ops from "
+          "mpistrategy.cross_device_ops (MPIAllReduce or NcclAllReduce); "
+          f"got {type(cross_device_ops).__name__}, whose reductions would "
+          "stay inside this process.")
+    self._cross_device_ops = cross_device_ops
+    # Host (CPU) tensors, e.g. the end-of-data `has_value` sync, always go
+    # over MPI.
+    if isinstance(cross_device_ops, nccl_all_reduce.NcclAllReduce):
+      self._host_cross_device_ops = mpi_all_reduce.MPIAllReduce(
+          _tfp.Options(
+              bytes_per_pack=communication_options.bytes_per_pack,
+              timeout_seconds=communication_options.timeout_seconds))
+    else:
+      self._host_cross_device_ops = cross_device_ops
+    self._collective_ops = self._cross_device_ops
+    self._collective_keys = _tfp.cross_device_utils.CollectiveKeys(
+        group_key_start=1 + self._collective_key_base)
+    self._num_devices_per_worker = 1
+    self._local_device_type = device_type
+    self._rpc_layer = None
+    self._cfer_fn_cache = weakref.WeakKeyDictionary()
+    self.experimental_enable_get_next_as_optional = True
+    _tfp.MirroredExtended._initialize_single_worker(self, (device,))
+
+  # ------------------------------------------------------------ variables
+
+  def _get_variable_creator_initial_value(self, replica_id, device,
+                                          primary_var, **kwargs):
+    """Broadcasts every variable's initial value from rank 0.
+
+    Same structure as `CollectiveAllReduceExtended`'s version, with the
+    gRPC `broadcast_send/recv` pair replaced by `mpistrategy.ops.broadcast`.
+    Variables must therefore be created in the same order on every rank.
+    """
+    if replica_id != 0:
+      return _tfp.MirroredExtended._get_variable_creator_initial_value(
+          self, replica_id=replica_id, device=device, primary_var=primary_var,
+          **kwargs)
+
+    def initial_value_fn():
+      with tf.device(device):
+        initial_value = kwargs["initial_value"]
+        if callable(initial_value):
+          initial_value = initial_value()
+        if isinstance(initial_value, _tfp.CheckpointInitialValue):
+          initial_value = initial_value.wrapped_value
+        initial_value = tf.convert_to_tensor(
+            initial_value, dtype=kwargs.get("dtype", None))
+        if self._num_workers > 1 and initial_value.dtype in _BROADCASTABLE:
+          with tf.name_scope("MPIBroadcastInitialValue"):
+            initial_value = _ops().broadcast(initial_value, root_rank=0)
+        return initial_value
+
+    return initial_value_fn
+
+  # ----------------------------------------------------------- reductions
+
+  def _reduce_to(self, reduce_op, value, destinations, options):
+    # Keras 3 (trainer.py `_maybe_symbolic_build`) reduces a tuple of
+    # PerReplica values in one call; `CollectiveAllReduceExtended._reduce_to`
+    # does not map over nests the way `MirroredExtended._reduce_to` does.
+    if tf.nest.is_nested(value):
+      return tf.nest.map_structure(
+          lambda v: super(MPIExtended, self)._reduce_to(  # pylint: disable=g-long-lambda
+              reduce_op, v, destinations, options), value)
+    return super()._reduce_to(reduce_op, value, destinations, options)
+
+  def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
+    # `ReplicaContext.all_reduce` passes `(t, t.device)` pairs; inside a
+    # tf.function a tensor that entered the replica function as an argument
+    # has `device == ''`, which `validate_destinations` rejects ("destinations
+    # can not be empty").  Such values live on this worker's device.
+    fixed = []
+    for value, dest in value_destination_pairs:
+      if not _tfp.cross_device_ops_lib.check_destinations(dest):
+        dest = self._devices[0]
+      fixed.append((value, dest))
+    return super()._batch_reduce_to(reduce_op, fixed, options)
+
+  # ---------------------------------------------------------- lifecycle
+
+  def _configure(self, session_config=None, cluster_spec=None,
+                 task_type=None, task_id=None):
+    del task_type, task_id
+    if cluster_spec:
+      raise ValueError(
+          "MPIStrategy takes its cluster from MPI (mpirun/srun); a "
+          "cluster_spec cannot be configured.")
+    if session_config:
+      session_config.CopyFrom(self._update_config_proto(session_config))
+
+  def __deepcopy__(self, memo):
+    # The distribute coordinator deep-copies strategies.  The engine and the
+    # cross-device ops are process-wide, so they are shared; plain settings
+    # are copied.
+    cls = self.__class__
+    result = cls.__new__(cls)
+    memo[id(self)] = result
+    shared = ("_cross_device_ops", "_host_cross_device_ops", "_collective_ops",
+              "_cluster_resolver", "_container_strategy_weakref",
+              "_cfer_fn_cache")
+    for k, v in self.__dict__.items():
+      if k in shared:
+        setattr(result, k, v)
+      else:
+        try:
+          setattr(result, k, copy.deepcopy(v, memo))
+        except (TypeError, ValueError, copy.Error):
+          setattr(result, k, v)
+    return result
+  # pylint: enable=super-init-not-called,protected-access
+
+
+def _value_rank(value):
+  if isinstance(value, _tfp.DistributedValues):
+    value = value.values[0]
+  shape = getattr(value, "shape", None)
+  if shape is None:
+    return np.ndim(value)
+  return tf.TensorShape(shape).rank
+
+
+class MPIStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+  """Synchronous data parallelism across MPI processes.
+
+  Launch the unchanged single-device program with `mpirun -np N python
+  train.py`; each process is one worker with one device (GPU
+  `local_rank % #GPUs` if GPUs are visible, else the CPU).  No `TF_CONFIG`,
+  no gRPC server, no optimizer wrapper, no broadcast callbacks.
+
+  What the constructor does, besides building the strategy:
+
+  * starts the mpistrategy engine (`mpistrategy.init()`);
+  * every variable created under `scope()` starts from rank 0's initial
+    value, so model weights agree even with different seeds per rank;
+  * broadcasts a random seed from rank 0 and sets it with
+    `tf.random.set_seed`, so unseeded shuffles (`model.fit(shuffle=True)`,
+    `Dataset.shuffle`) draw the same order on every rank and the
+    auto-sharded batches partition the data exactly;
+  * installs small, idempotent compatibility patches (see
+    `mpistrategy.keras_compat` and `mpistrategy.checkpoint`): Keras'
+    `LossScaleOptimizer` skips a step on every rank when any rank overflows;
+    Keras progress bars print on rank 0 only; `ModelCheckpoint`,
+    `BackupAndRestore` and `tf.train.Checkpoint` write the user's paths on
+    rank 0 only and restore rank 0's files on every rank.
+
+  Example:
+
+  ```python
+  strategy = mpistrategy.MPIStrategy()
+  with strategy.scope():
+    model = tf.keras.Sequential([tf.keras.layers.Dense(10)])
+    model.compile(optimizer="adam", loss="mse")
+  model.fit(x, y, batch_size=64, epochs=3)   # 64 = global batch size
+  ```
+
+  Args:
+    cross_device_ops: optional `mpistrategy.cross_device_ops.MPIAllReduce`
+      (default) or `NcclAllReduce`.
+    communication_options: optional
+      `tf.distribute.experimental.CommunicationOptions`.  `bytes_per_pack`
+      sets the engine's fusion threshold and `timeout_seconds` its stall
+      timeout (both engine-wide, applied when the engine starts);
+      `implementation=NCCL` selects `NcclAllReduce`.
+
+  Raises:
+    ValueError: for invalid options, a foreign `cross_device_ops`, or
+      engine-wide options that conflict with an already running engine.
+  """
+
+  def __init__(self, cross_device_ops=None, communication_options=None):
+    # pylint: disable=non-parent-init-called,super-init-not-called
+    if communication_options is None:
+      communication_options = (
+          tf.distribute.experimental.CommunicationOptions())
+    mpi_all_reduce.validate_communication_options(
+        communication_options, "MPIStrategy")
+    # Skip CollectiveAllReduceStrategy.__init__: it builds a
+    # TFConfigClusterResolver and a gRPC-backed extended.
+    _tfp.distribute_lib.Strategy.__init__(
+        self, MPIExtended(self, cross_device_ops, communication_options))
+    # pylint: enable=non-parent-init-called,super-init-not-called
+    rank, size = self.extended._id_in_cluster, self.extended._num_workers  # pylint: disable=protected-access
+    from mpistrategy import keras_compat, checkpoint  # pylint: disable=g-import-not-at-top
+    keras_compat.install(rank=rank, size=size)
+    checkpoint.install(rank=rank, size=size)
+    if size > 1:
+      _broadcast_seed()
+
+  @property
+  def cluster_resolver(self):
+    """A `tf.distribute.cluster_resolver.SimpleClusterResolver`.
+
+    Its cluster spec is empty (MPI is the cluster); `task_type` is "worker"
+    and `task_id` the MPI rank.
+    """
+    return self.extended._cluster_resolver  # pylint: disable=protected-access
+
+  def reduce(self, reduce_op, value, axis):
+    """Like `tf.distribute.Strategy.reduce`; scalars ignore `axis`.
+
+    Keras 3 reduces its per-step logs with `reduce("MEAN", v, axis=0)` even
+    when `v` is a scalar, which `Strategy.reduce` rejects ("Invalid reduction
+    dimension 0 for input with 0 dimensions").  A scalar has no axis to
+    reduce, so it is reduced across replicas only (`axis=None`).
+
+    Args:
+      reduce_op: a `tf.distribute.ReduceOp` or "SUM"/"MEAN".
+      value: a `tf.distribute.DistributedValues` or tensor.
+      axis: the axis to reduce within each replica, or `None`.
+
+    Returns:
+      A `tf.Tensor`, identical on every rank.
+    """
+    if axis is not None and _value_rank(value) == 0:
+      axis = None
+    return super().reduce(reduce_op, value, axis)
+
+
+def _broadcast_seed():
+  """Makes unseeded TF random ops agree across ranks (data order, P6).
+
+  Every rank draws from its numpy generator (so numpy streams stay in step
+  whatever the ranks do next), then rank 0's draw is broadcast and passed to
+  `tf.random.set_seed`.  A user who seeds numpy identically before creating
+  the strategy therefore gets a reproducible run.
+  """
+  if not tf.executing_eagerly():
+    return
+  seed = np.random.randint(0, 2**31 - 1)
+  with tf.name_scope("MPIStrategySeed"):
+    seed = _ops().broadcast(tf.constant(seed, tf.int64), root_rank=0)
+  tf.random.set_seed(int(seed.numpy()))

@@ -1,0 +1,207 @@
+"""Checkpointing under MPIStrategy with single-process user code.
+
+    tests/mpirun_pytest.sh 2 600 tests/parallel/test_checkpoint.py
+    tests/mpirun_pytest.sh 3 900 tests/parallel/test_checkpoint.py
+
+Only rank 0 writes the user's paths (ranks > 0 write a scratch mirror), no
+rank hangs (saving reads SyncOnRead variables collectively), and restoring
+gives every rank rank 0's state.
+"""
+
+import hashlib
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import keras
+
+import mpistrategy
+from mpistrategy import checkpoint as mpi_checkpoint
+from mpistrategy import ops
+from mpistrategy.strategy import MPIStrategy
+
+R = mpistrategy.rank()
+N = mpistrategy.size()
+
+
+@pytest.fixture(scope="module")
+def strategy():
+  return MPIStrategy()
+
+
+@pytest.fixture()
+def workdir(strategy):
+  """One directory, the same path on every rank (rank 0 creates/cleans it)."""
+  name = ops.broadcast(tf.constant(
+      np.frombuffer(os.urandom(8), np.uint8)), root_rank=0).numpy()
+  path = "/tmp/mpistrategy-test-ckpt-" + name.tobytes().hex()
+  if R == 0:
+    os.makedirs(path)
+  ops.barrier()
+  yield path
+  ops.barrier()
+  if R == 0:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _same_everywhere(arrays):
+  h = hashlib.sha256()
+  for a in arrays:
+    h.update(np.ascontiguousarray(np.asarray(a)).tobytes())
+  mine = np.frombuffer(h.digest(), np.uint8)
+  allh = ops.allgather(tf.constant(mine[None, :])).numpy()
+  return all(np.array_equal(allh[i], allh[0]) for i in range(N))
+
+
+def _data():
+  from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
+  x, y = load_digits(return_X_y=True)
+  return (x[:384] / 16.0).astype(np.float32), y[:384].astype(np.int32)
+
+
+def _model(strategy):
+  with strategy.scope():
+    m = keras.Sequential([keras.Input((64,)),
+                          keras.layers.Dense(16, activation="relu"),
+                          keras.layers.Dense(10)])
+    m.compile(optimizer=keras.optimizers.Adam(0.01),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+              metrics=["accuracy"])
+  return m
+
+
+@pytest.mark.timeout(300)
+def test_model_checkpoint_only_rank0_writes(strategy, workdir):
+  x, y = _data()
+  m = _model(strategy)
+  weights_path = os.path.join(workdir, "w-{epoch:02d}.weights.h5")
+  model_path = os.path.join(workdir, "model.keras")
+  m.fit(x, y, batch_size=32 * N, epochs=2, verbose=0, callbacks=[
+      keras.callbacks.ModelCheckpoint(weights_path, save_weights_only=True),
+      keras.callbacks.ModelCheckpoint(model_path, monitor="loss",
+                                      save_best_only=True)])
+  ops.barrier()
+  assert sorted(os.listdir(workdir)) == ["model.keras", "w-01.weights.h5",
+                                         "w-02.weights.h5"]
+  if R > 0:
+    mirror = mpi_checkpoint.mirror_path(workdir)
+    assert mirror != workdir
+    assert sorted(os.listdir(mirror)) == sorted(os.listdir(workdir))
+  else:
+    assert mpi_checkpoint.mirror_path(workdir) == workdir
+  # Every rank can load what rank 0 wrote (same file system here).
+  m2 = _model(strategy)
+  m2.load_weights(os.path.join(workdir, "w-02.weights.h5"))
+  for a, b in zip(m.weights, m2.weights):
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+class _Interrupt(Exception):
+  pass
+
+
+class _StopAt(keras.callbacks.Callback):
+
+  def __init__(self, epoch):
+    super().__init__()
+    self.epoch = epoch
+
+  def on_epoch_begin(self, epoch, logs=None):
+    if epoch == self.epoch:
+      raise _Interrupt()
+
+
+class _Epochs(keras.callbacks.Callback):
+
+  def __init__(self):
+    super().__init__()
+    self.seen = []
+
+  def on_epoch_begin(self, epoch, logs=None):
+    self.seen.append(epoch)
+
+
+@pytest.mark.timeout(300)
+def test_backup_and_restore_resumes_everywhere(strategy, workdir):
+  x, y = _data()
+  backup = os.path.join(workdir, "backup")
+  m = _model(strategy)
+  with pytest.raises(_Interrupt):
+    m.fit(x, y, batch_size=32 * N, epochs=4, verbose=0, callbacks=[
+        keras.callbacks.BackupAndRestore(backup), _StopAt(2)])
+  ops.barrier()
+  assert os.path.exists(os.path.join(backup, "latest.weights.h5"))
+  saved = [w.numpy() for w in m.weights]
+
+  # A fresh model with rank-dependent weights/optimizer state: resuming must
+  # give every rank rank 0's backup.
+  keras.utils.set_random_seed(R)
+  m2 = _model(strategy)
+  for w in m2.weights:  # make ranks differ before the restore
+    w.assign(w + float(R))
+  epochs = _Epochs()
+  m2.fit(x, y, batch_size=32 * N, epochs=3, verbose=0, callbacks=[
+      keras.callbacks.BackupAndRestore(backup), epochs,
+      _StopAt(3)])
+  assert epochs.seen == [2], epochs.seen
+  assert _same_everywhere([w.numpy() for w in m2.weights] +
+                          [v.numpy() for v in m2.optimizer.variables])
+  assert not os.path.exists(backup)  # deleted at the end of training (rank 0)
+  del saved
+
+
+@pytest.mark.timeout(300)
+def test_tf_train_checkpoint_with_sync_on_read(strategy, workdir):
+  with strategy.scope():
+    v = tf.Variable([1.0, 2.0])
+    counter = tf.Variable(0.0, synchronization=tf.VariableSynchronization.ON_READ,
+                          aggregation=tf.VariableAggregation.SUM)
+    m = _model(strategy)
+
+  @tf.function
+  def bump():
+    strategy.run(lambda: counter.assign_add(1.0))
+
+  bump()
+  ckpt = tf.train.Checkpoint(v=v, counter=counter, model=m)
+  prefix = os.path.join(workdir, "ckpt")
+  path = ckpt.save(prefix)  # every rank saves: no hang on the ON_READ read
+  assert path == prefix + "-1"
+  ops.barrier()
+  assert tf.train.latest_checkpoint(workdir) == path
+  assert sorted(p for p in os.listdir(workdir)) == sorted(
+      ["checkpoint", "ckpt-1.index", "ckpt-1.data-00000-of-00001"])
+
+  # Diverge the ranks, then restore rank 0's checkpoint everywhere.
+  v.assign([float(R), float(R)])
+  for w in m.weights:
+    w.assign(w + float(R))
+  status = ckpt.restore(tf.train.latest_checkpoint(workdir) if R == 0 else None)
+  status.assert_existing_objects_matched()
+  assert v.numpy().tolist() == [1.0, 2.0]
+  assert counter.numpy() == float(N)
+  assert _same_everywhere([w.numpy() for w in m.weights])
+
+  # write/read and CheckpointManager.
+  p2 = ckpt.write(os.path.join(workdir, "plain"))
+  assert p2 == os.path.join(workdir, "plain")
+  v.assign([5.0, 5.0 + R])
+  ckpt.read(p2).assert_existing_objects_matched()
+  assert v.numpy().tolist() == [1.0, 2.0]
+
+  mdir = os.path.join(workdir, "managed")
+  mgr = tf.train.CheckpointManager(ckpt, mdir, max_to_keep=1)
+  assert mgr.restore_or_initialize() is None
+  mgr.save()
+  v.assign([9.0, 9.0])
+  mgr.save()
+  ops.barrier()
+  assert sorted(os.listdir(mdir)) == ["checkpoint", "ckpt-3.data-00000-of-00001",
+                                      "ckpt-3.index"]
+  v.assign([float(R), 0.0])
+  mgr2 = tf.train.CheckpointManager(ckpt, mdir, max_to_keep=1)
+  restored = mgr2.restore_or_initialize()
+  assert restored is not None and restored.endswith("ckpt-3")
+  assert v.numpy().tolist() == [9.0, 9.0]

@@ -1,0 +1,320 @@
+"""Keras 3 compile/fit/evaluate/predict under MPIStrategy vs one process.
+
+Run under mpirun (every rank runs every test, in order):
+
+    tests/mpirun_pytest.sh 2 900 tests/parallel/test_keras.py
+    tests/mpirun_pytest.sh 3 1200 tests/parallel/test_keras.py
+
+The single-process reference is computed in the same process with the
+default strategy and the *global* batch; it starts from the distributed
+model's initial weights (which are rank 0's, broadcast by the strategy).
+"""
+
+import hashlib
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import keras
+
+import mpistrategy
+from mpistrategy import ops
+from mpistrategy.strategy import MPIStrategy
+
+N_SAMPLES = 768           # divisible by the global batch at np 1, 2, 3
+PER_REPLICA_BATCH = 32
+
+
+@pytest.fixture(scope="module")
+def strategy():
+  return MPIStrategy()
+
+
+@pytest.fixture(scope="module")
+def digits():
+  from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
+  x, y = load_digits(return_X_y=True)
+  x = (x / 16.0).astype(np.float32)
+  y = y.astype(np.int32)
+  return x[:N_SAMPLES], y[:N_SAMPLES], x[N_SAMPLES:N_SAMPLES + 256], y[
+      N_SAMPLES:N_SAMPLES + 256]
+
+
+def _gbs(strategy):
+  return PER_REPLICA_BATCH * strategy.num_replicas_in_sync
+
+
+def _seed_rank_differently():
+  # Different seeds per rank: only the strategy's broadcast makes the initial
+  # weights agree.
+  keras.utils.set_random_seed(1234 + 17 * mpistrategy.rank())
+
+
+def _mlp(extra=None):
+  layers = [keras.Input((64,)), keras.layers.Dense(32, activation="relu")]
+  layers += extra or []
+  layers.append(keras.layers.Dense(10))
+  return keras.Sequential(layers)
+
+
+def _compile(model, optimizer="adam", spe=1):
+  opt = {"adam": lambda: keras.optimizers.Adam(0.01),
+         "sgd": lambda: keras.optimizers.SGD(0.05, momentum=0.9)}[optimizer]()
+  model.compile(
+      optimizer=opt,
+      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      metrics=["accuracy"], steps_per_execution=spe)
+
+
+def _digest(arrays):
+  h = hashlib.sha256()
+  for a in arrays:
+    h.update(np.ascontiguousarray(np.asarray(a)).tobytes())
+  return np.frombuffer(h.digest(), np.uint8)
+
+
+def _assert_bit_identical_across_ranks(arrays, what):
+  mine = _digest(arrays)
+  everyone = ops.allgather(tf.constant(mine[None, :])).numpy()
+  assert everyone.shape[0] == mpistrategy.size()
+  differ = [r for r in range(everyone.shape[0])
+            if not np.array_equal(everyone[r], everyone[0])]
+  assert not differ, f"{what} differ from rank 0 on ranks {differ}"
+
+
+def _assert_close(got, want, what, rel=1e-5):
+  assert len(got) == len(want), what
+  for i, (g, w) in enumerate(zip(got, want)):
+    g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+    err = np.max(np.abs(g - w)) if g.size else 0.0
+    scale = max(1.0, float(np.max(np.abs(w))) if w.size else 1.0)
+    assert err <= rel * scale, f"{what}[{i}]: max|diff| {err:g} > {rel}*{scale:g}"
+
+
+def _weights_and_slots(model):
+  return ([v.numpy() for v in model.weights] +
+          [v.numpy() for v in model.optimizer.variables])
+
+
+class _EpochLogs(keras.callbacks.Callback):
+
+  def __init__(self):
+    super().__init__()
+    self.epochs = []
+    self.batches = 0
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.batches += 1
+
+  def on_epoch_end(self, epoch, logs=None):
+    self.epochs.append(dict(logs))
+
+
+def _fit_pair(strategy, digits, spe, optimizer, build=_mlp, epochs=2,
+              x_transform=None):
+  """Trains the same model distributed and single-process."""
+  x, y, xv, yv = digits
+  gbs = _gbs(strategy)
+  _seed_rank_differently()
+  with strategy.scope():
+    model = build()
+    _compile(model, optimizer, spe)
+  init = [w.numpy() for w in model.weights]
+  cb = _EpochLogs()
+  hist = model.fit(x, y, batch_size=gbs, epochs=epochs, shuffle=False,
+                   validation_data=(xv, yv), callbacks=[cb], verbose=0)
+
+  keras.utils.set_random_seed(99)
+  ref = build()
+  _compile(ref, optimizer, spe)
+  ref.set_weights(init)
+  ref_cb = _EpochLogs()
+  ref_hist = ref.fit(x, y, batch_size=gbs, epochs=epochs, shuffle=False,
+                     validation_data=(xv, yv), callbacks=[ref_cb], verbose=0)
+  return model, ref, hist, ref_hist, cb, ref_cb, init
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("spe,optimizer", [(1, "sgd"), (4, "adam")])
+def test_fit_evaluate_predict_match_single_process(strategy, digits, spe,
+                                                   optimizer):
+  x, y, xv, yv = digits
+  model, ref, hist, ref_hist, cb, ref_cb, init = _fit_pair(
+      strategy, digits, spe, optimizer)
+  _assert_bit_identical_across_ranks(init, "initial weights")
+  _assert_bit_identical_across_ranks(_weights_and_slots(model),
+                                     "weights and optimizer state")
+
+  gbs = _gbs(strategy)
+  ev = model.evaluate(xv, yv, batch_size=gbs, verbose=0, return_dict=True)
+  ref_ev = ref.evaluate(xv, yv, batch_size=gbs, verbose=0, return_dict=True)
+  pred = model.predict(xv, batch_size=gbs, verbose=0)
+  ref_pred = ref.predict(xv, batch_size=gbs, verbose=0)
+
+  _assert_close([w.numpy() for w in model.weights],
+                [w.numpy() for w in ref.weights], "weights")
+  _assert_close([v.numpy() for v in model.optimizer.variables],
+                [v.numpy() for v in ref.optimizer.variables],
+                "optimizer variables")
+  assert int(model.optimizer.iterations.numpy()) == (
+      2 * N_SAMPLES // gbs)
+  for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
+    _assert_close(hist.history[key], ref_hist.history[key], key)
+  assert len(cb.epochs) == 2 and cb.epochs[-1].keys() == ref_cb.epochs[
+      -1].keys()
+  for key in ev:
+    _assert_close([ev[key]], [ref_ev[key]], "evaluate " + key)
+  assert pred.shape == (len(xv), 10), "predict must return every row"
+  _assert_close([pred], [ref_pred], "predict", rel=1e-4)
+  _assert_bit_identical_across_ranks([pred], "predictions")
+
+
+@pytest.mark.timeout(300)
+def test_fit_shuffle_partitions_the_data(strategy, digits):
+  """Unseeded shuffle draws the same order on every rank (seed broadcast)."""
+  x, y, _, _ = digits
+  gbs = _gbs(strategy)
+  ids = np.arange(N_SAMPLES, dtype=np.float32)[:, None]
+  xi = np.concatenate([ids, x], axis=1)
+  # Seed numpy/TF differently per rank *after* the strategy exists: the data
+  # order still has to agree, because the strategy fixed the TF global seed.
+  with strategy.scope():
+    seen = tf.Variable(tf.zeros([N_SAMPLES]), trainable=False,
+                       synchronization=tf.VariableSynchronization.ON_READ,
+                       aggregation=tf.VariableAggregation.SUM)
+
+    class IdModel(keras.Model):
+
+      def __init__(self):
+        super().__init__()
+        self.body = _mlp()
+
+      def call(self, inputs):
+        return self.body(inputs[:, 1:])
+
+      def train_step(self, data):
+        xb, _ = data
+        ids = tf.cast(xb[:, 0], tf.int32)
+        seen.assign_add(tf.math.bincount(ids, minlength=N_SAMPLES,
+                                         maxlength=N_SAMPLES,
+                                         dtype=tf.float32))
+        return super().train_step(data)
+
+    model = IdModel()
+    _compile(model, "sgd", 1)
+  model.fit(xi, y, batch_size=gbs, epochs=2, shuffle=True, verbose=0)
+  counts = seen.numpy()  # SUM over ranks
+  assert np.array_equal(counts, np.full([N_SAMPLES], 2.0)), (
+      "every sample must be seen exactly once per epoch across ranks; "
+      f"min {counts.min()} max {counts.max()}")
+
+
+@pytest.mark.timeout(300)
+def test_sparse_embedding_gradients(strategy):
+  """Embedding gradients are IndexedSlices; reduced by allgather."""
+  rng = np.random.RandomState(0)
+  x = rng.randint(0, 50, size=(288, 6)).astype(np.int32)
+  y = (x.sum(axis=1) % 2).astype(np.int32)
+  gbs = 16 * strategy.num_replicas_in_sync
+
+  def build():
+    return keras.Sequential([
+        keras.Input((6,), dtype="int32"),
+        keras.layers.Embedding(50, 8),
+        keras.layers.GlobalAveragePooling1D(),
+        keras.layers.Dense(2)])
+
+  _seed_rank_differently()
+  with strategy.scope():
+    model = build()
+    _compile(model, "sgd", 1)
+  init = [w.numpy() for w in model.weights]
+  model.fit(x, y, batch_size=gbs, epochs=1, shuffle=False, verbose=0)
+  ref = build()
+  _compile(ref, "sgd", 1)
+  ref.set_weights(init)
+  ref.fit(x, y, batch_size=gbs, epochs=1, shuffle=False, verbose=0)
+  _assert_bit_identical_across_ranks(_weights_and_slots(model), "embedding")
+  _assert_close([w.numpy() for w in model.weights],
+                [w.numpy() for w in ref.weights], "embedding weights")
+
+
+@pytest.mark.timeout(300)
+def test_synchronized_batch_norm_agrees(strategy, digits):
+  """BatchNormalization(synchronized=True): global statistics everywhere."""
+  build = lambda: _mlp([keras.layers.BatchNormalization(synchronized=True)])
+  model, ref, _, _, _, _, _ = _fit_pair(strategy, digits, 1, "sgd",
+                                        build=build, epochs=1)
+  _assert_bit_identical_across_ranks(_weights_and_slots(model),
+                                     "BN model (incl. moving statistics)")
+  _assert_close([w.numpy() for w in model.weights],
+                [w.numpy() for w in ref.weights], "BN weights", rel=1e-4)
+
+
+@pytest.mark.timeout(300)
+def test_mixed_float16_one_rank_overflows(strategy, digits):
+  """Only rank 1 overflows: every rank skips the same steps, no hang."""
+  x, y, _, _ = digits
+  gbs = _gbs(strategy)
+  n = 4 * gbs
+  xs = x[:n].copy()
+  # Rank 1's shard of every global batch is scaled by 1e4 -> inf in float16.
+  per = PER_REPLICA_BATCH
+  mask = np.zeros([n], bool)
+  for start in range(0, n, gbs):
+    mask[start + per:start + 2 * per] = True
+  xs[mask] *= 1e4
+  keras.mixed_precision.set_global_policy("mixed_float16")
+  try:
+    _seed_rank_differently()
+    with strategy.scope():
+      model = _mlp()
+      _compile(model, "sgd", 2)
+    assert isinstance(model.optimizer,
+                      keras.optimizers.LossScaleOptimizer)
+    model.fit(xs, y[:n], batch_size=gbs, epochs=1, shuffle=False, verbose=0)
+  finally:
+    keras.mixed_precision.set_global_policy("float32")
+  opt = model.optimizer
+  scale = float(opt.dynamic_scale.numpy())
+  it = int(opt.inner_optimizer.iterations.numpy())
+  _assert_bit_identical_across_ranks(
+      _weights_and_slots(model) + [np.float64(scale), np.int64(it)],
+      "mixed_float16 state")
+  if mpistrategy.size() > 1:
+    assert it == 0, "every step had an overflow on rank 1: all must skip"
+    assert scale < 32768.0
+
+
+@pytest.mark.timeout(300)
+def test_mixed_bfloat16_fit(strategy, digits):
+  x, y, _, _ = digits
+  keras.mixed_precision.set_global_policy("mixed_bfloat16")
+  try:
+    _seed_rank_differently()
+    with strategy.scope():
+      model = _mlp()
+      _compile(model, "adam", 1)
+    model.fit(x[:4 * _gbs(strategy)], y[:4 * _gbs(strategy)],
+              batch_size=_gbs(strategy), epochs=1, verbose=0)
+  finally:
+    keras.mixed_precision.set_global_policy("float32")
+  _assert_bit_identical_across_ranks(_weights_and_slots(model),
+                                     "mixed_bfloat16 state")
+  assert int(model.optimizer.iterations.numpy()) == 4
+
+
+@pytest.mark.timeout(120)
+def test_progress_bar_only_on_rank_0(strategy, digits, capsys):
+  x, y, _, _ = digits
+  with strategy.scope():
+    model = _mlp()
+    _compile(model, "sgd", 1)
+  model.fit(x[:2 * _gbs(strategy)], y[:2 * _gbs(strategy)],
+            batch_size=_gbs(strategy), epochs=1, verbose=2)
+  out = capsys.readouterr().out
+  if mpistrategy.rank() == 0:
+    assert "loss" in out
+  else:
+    assert "loss" not in out, out

@@ -1,0 +1,301 @@
+"""MPIStrategy API and custom training loops (collective-symmetric).
+
+    tests/mpirun_pytest.sh 2 600 tests/parallel/test_strategy.py
+    tests/mpirun_pytest.sh 3 900 tests/parallel/test_strategy.py
+"""
+
+import copy
+import hashlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import keras
+
+import mpistrategy
+from mpistrategy import ops
+from mpistrategy.cross_device_ops import MPIAllReduce, NcclAllReduce
+from mpistrategy.strategy import MPIStrategy
+
+R = mpistrategy.rank()
+N = mpistrategy.size()
+
+
+@pytest.fixture(scope="module")
+def strategy():
+  return MPIStrategy()
+
+
+def _same_everywhere(arrays):
+  h = hashlib.sha256()
+  for a in arrays:
+    h.update(np.ascontiguousarray(np.asarray(a)).tobytes())
+  mine = np.frombuffer(h.digest(), np.uint8)
+  allh = ops.allgather(tf.constant(mine[None, :])).numpy()
+  return all(np.array_equal(allh[i], allh[0]) for i in range(N))
+
+
+def test_basics(strategy):
+  assert isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+  assert isinstance(strategy, tf.distribute.experimental.MultiWorkerMirroredStrategy)
+  assert strategy.num_replicas_in_sync == N
+  assert strategy.extended._in_multi_worker_mode() == (N > 1)
+  assert strategy.extended.should_checkpoint == (R == 0)
+  cr = strategy.cluster_resolver
+  assert cr.task_type == "worker" and cr.task_id == R
+  assert not cr.cluster_spec().as_dict()
+  dup = copy.deepcopy(strategy)
+  assert dup.extended._num_workers == N
+  with pytest.raises(ValueError, match="cluster"):
+    strategy.extended._configure(cluster_spec={"worker": ["a:1", "b:2"]},
+                                 task_type="worker", task_id=0)
+
+
+@pytest.mark.timeout(120)
+def test_variables_are_mirrored_and_broadcast(strategy):
+  tf.random.set_seed(100 + R)  # different per rank on purpose
+  with strategy.scope():
+    v = tf.Variable(float(R) + 7.0)
+    w = tf.Variable(tf.random.normal([3, 4]))
+    i = tf.Variable(R + 3, dtype=tf.int64)
+  assert isinstance(v, tf.distribute.DistributedValues)
+  assert v.numpy() == 7.0 and i.numpy() == 3
+  assert _same_everywhere([w.numpy()])
+
+
+@pytest.mark.timeout(120)
+def test_reduce(strategy):
+  t = tf.constant(float(R + 1))
+  tri = N * (N + 1) / 2.0
+  assert strategy.reduce("SUM", t, axis=None).numpy() == tri
+  assert strategy.reduce(tf.distribute.ReduceOp.MEAN, t, axis=None).numpy() == (
+      pytest.approx(tri / N))
+  # int32 must not fall back to a local reduction.
+  i = strategy.reduce("SUM", tf.constant(R + 1, tf.int32), axis=None)
+  assert i.dtype == tf.int32 and i.numpy() == tri
+  i64 = strategy.reduce("SUM", tf.constant([R, 1], tf.int64), axis=None)
+  assert i64.numpy().tolist() == [N * (N - 1) // 2, N]
+  # MEAN of ints comes back as float (as in TF's CollectiveAllReduce).
+  m = strategy.reduce("MEAN", tf.constant(R + 1, tf.int32), axis=None)
+  assert m.dtype.is_floating and m.numpy() == pytest.approx(tri / N)
+  per = strategy.run(lambda: tf.constant([float(R), 1.0, 2.0]))
+  assert strategy.reduce("SUM", per, axis=0).numpy() == pytest.approx(
+      N * (N - 1) / 2.0 + 3 * N)
+  assert strategy.reduce("MEAN", per, axis=0).numpy() == pytest.approx(
+      (N * (N - 1) / 2.0 + 3 * N) / (3 * N))
+  # Scalars with axis=0 (Keras' per-step logs) reduce across replicas.
+  sc = strategy.run(lambda: tf.constant(float(R)))
+  assert strategy.reduce("MEAN", sc, axis=0).numpy() == pytest.approx(
+      (N - 1) / 2.0)
+  assert strategy.reduce("SUM", sc, axis=0).numpy() == N * (N - 1) / 2.0
+  # Nests (Keras' first-batch reduce).
+  nest = (strategy.run(lambda: tf.constant(1.0)),
+          strategy.run(lambda: tf.constant([2.0])))
+  out = strategy.extended.reduce_to("SUM", nest, "/device:CPU:0")
+  assert out[0].numpy() == N and out[1].numpy().tolist() == [2.0 * N]
+
+
+@pytest.mark.timeout(120)
+def test_gather_uneven(strategy):
+  t = tf.fill([R + 1, 2], float(R))
+  g = strategy.gather(t, axis=0).numpy()
+  want = np.concatenate([np.full([r + 1, 2], float(r)) for r in range(N)])
+  np.testing.assert_array_equal(g, want)
+  g1 = strategy.gather(tf.fill([2, R + 1], float(R)), axis=1).numpy()
+  want1 = np.concatenate([np.full([2, r + 1], float(r)) for r in range(N)], 1)
+  np.testing.assert_array_equal(g1, want1)
+
+
+@pytest.mark.timeout(120)
+def test_replica_context_collectives(strategy):
+
+  def step(x):
+    ctx = tf.distribute.get_replica_context()
+    a = ctx.all_reduce("SUM", tf.constant(R + 1, tf.int32))
+    b = ctx.all_reduce("MEAN", [x, tf.constant([1.0, 2.0])])
+    c = ctx.all_gather(tf.fill([2], float(R)), axis=0)
+    return a, b, c
+
+  x = tf.constant(float(R))
+  for fn in (tf.function(lambda: strategy.run(step, args=(x,))),
+             lambda: strategy.run(step, args=(x,))):
+    a, (b0, b1), c = fn()
+    assert a.numpy() == N * (N + 1) // 2
+    assert b0.numpy() == pytest.approx((N - 1) / 2.0)
+    assert b1.numpy().tolist() == [1.0, 2.0]
+    assert c.numpy().tolist() == sum([[float(r)] * 2 for r in range(N)], [])
+
+
+@pytest.mark.timeout(120)
+def test_gradient_through_all_reduce(strategy):
+
+  @tf.function
+  def fn():
+    def step():
+      w = tf.constant(float(R + 1))
+      with tf.GradientTape() as tape:
+        tape.watch(w)
+        y = tf.distribute.get_replica_context().all_reduce("SUM", w * w)
+      return tape.gradient(y, w)
+    return strategy.run(step)
+  # d/dw_r sum_r w_r^2 summed over replicas' upstream gradients of 1: 2*w*N
+  assert fn().numpy() == pytest.approx(2.0 * (R + 1) * N)
+
+
+@pytest.mark.timeout(120)
+def test_distribute_dataset_shards_per_rank(strategy):
+  gbs = 4 * N
+  ds = tf.data.Dataset.range(8 * N).batch(gbs)
+  dist = strategy.experimental_distribute_dataset(ds)
+  seen = []
+  for batch in dist:
+    local = strategy.experimental_local_results(batch)[0]
+    assert local.shape[0] == 4
+    seen.append(local.numpy())
+  got = strategy.gather(tf.constant(np.concatenate(seen)), axis=0).numpy()
+  assert sorted(got.tolist()) == list(range(8 * N))
+
+  contexts = []
+
+  def dataset_fn(ctx):
+    contexts.append((ctx.num_input_pipelines, ctx.input_pipeline_id,
+                     ctx.num_replicas_in_sync, ctx.get_per_replica_batch_size(gbs)))
+    return tf.data.Dataset.range(8 * N).shard(
+        ctx.num_input_pipelines, ctx.input_pipeline_id).batch(4)
+
+  dist2 = strategy.distribute_datasets_from_function(dataset_fn)
+  assert contexts == [(N, R, N, 4)]
+  total = sum(int(tf.reduce_sum(strategy.experimental_local_results(b)[0]))
+              for b in dist2)
+  assert strategy.reduce("SUM", tf.constant(total, tf.int64),
+                         axis=None).numpy() == sum(range(8 * N))
+
+
+@pytest.mark.timeout(120)
+def test_uneven_shards_end_together(strategy):
+  """Rank 0 has 3 batches, the others 2: everyone stops together."""
+
+  def dataset_fn(ctx):
+    n = 3 if ctx.input_pipeline_id == 0 else 2
+    return tf.data.Dataset.from_tensor_slices(tf.ones([n * 2])).batch(2)
+
+  dist = strategy.distribute_datasets_from_function(dataset_fn)
+
+  @tf.function
+  def step(batch):
+    return strategy.run(
+        lambda b: tf.distribute.get_replica_context().all_reduce(
+            "SUM", tf.reduce_sum(b)), args=(batch,))
+
+  steps = 0
+  it = iter(dist)
+  while True:
+    opt = it.get_next_as_optional()
+    if not opt.has_value():
+      break
+    step(opt.get_value())
+    steps += 1
+  assert steps == 3
+
+
+@pytest.mark.timeout(120)
+def test_distribute_values_from_function(strategy):
+  vals = strategy.experimental_distribute_values_from_function(
+      lambda ctx: tf.constant(float(ctx.replica_id_in_sync_group)))
+  assert strategy.experimental_local_results(vals)[0].numpy() == R
+  assert strategy.reduce("SUM", vals, axis=None).numpy() == N * (N - 1) / 2
+
+
+@pytest.mark.timeout(120)
+def test_mirrored_assign_in_replica_context(strategy):
+  with strategy.scope():
+    v = tf.Variable(0.0, aggregation=tf.VariableAggregation.SUM)
+    m = tf.Variable(0.0, aggregation=tf.VariableAggregation.MEAN)
+
+  @tf.function
+  def fn():
+    def step():
+      v.assign_add(float(R + 1))
+      m.assign(float(R))
+    strategy.run(step)
+  fn()
+  assert v.numpy() == N * (N + 1) / 2
+  assert m.numpy() == pytest.approx((N - 1) / 2.0)
+
+
+@pytest.mark.timeout(300)
+def test_custom_training_loop_matches_single_process(strategy):
+  from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
+  x, y = load_digits(return_X_y=True)
+  n = 384
+  x, y = (x[:n] / 16.0).astype(np.float32), y[:n].astype(np.int32)
+  gbs = 16 * N
+
+  def build():
+    return keras.Sequential([keras.Input((64,)),
+                             keras.layers.Dense(32, activation="relu"),
+                             keras.layers.Dense(10)])
+
+  keras.utils.set_random_seed(7 + R)
+  with strategy.scope():
+    model = build()
+    opt = keras.optimizers.Adam(0.01)
+    opt.build(model.trainable_variables)
+  init = [w.numpy() for w in model.weights]
+  loss_obj = keras.losses.SparseCategoricalCrossentropy(
+      from_logits=True, reduction=None)
+  ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(gbs)
+  dist = strategy.experimental_distribute_dataset(ds)
+
+  @tf.function
+  def train_step(batch):
+    def step(b):
+      xb, yb = b
+      with tf.GradientTape() as tape:
+        per_ex = loss_obj(yb, model(xb, training=True))
+        loss = tf.nn.compute_average_loss(per_ex, global_batch_size=gbs)
+      grads = tape.gradient(loss, model.trainable_variables)
+      opt.apply_gradients(zip(grads, model.trainable_variables))
+      return loss
+    return strategy.reduce("SUM", strategy.run(step, args=(batch,)), axis=None)
+
+  losses = [float(train_step(b)) for b in dist]
+
+  ref = build()
+  ref.set_weights(init)
+  ref_opt = keras.optimizers.Adam(0.01)
+  ref_losses = []
+  for i in range(0, n, gbs):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(loss_obj(y[i:i + gbs], ref(x[i:i + gbs])))
+    grads = tape.gradient(loss, ref.trainable_variables)
+    ref_opt.apply_gradients(zip(grads, ref.trainable_variables))
+    ref_losses.append(float(loss))
+
+  assert _same_everywhere([w.numpy() for w in model.weights] +
+                          [v.numpy() for v in opt.variables])
+  np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+  for a, b in zip(model.weights, ref.weights):
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_communication_options():
+  opts = tf.distribute.experimental.CommunicationOptions
+  impl = tf.distribute.experimental.CommunicationImplementation
+  if not tf.config.list_logical_devices("GPU"):
+    with pytest.raises(ValueError, match="GPU"):
+      MPIStrategy(communication_options=opts(implementation=impl.NCCL))
+    with pytest.raises(ValueError, match="GPU"):
+      NcclAllReduce()
+  with pytest.raises(ValueError, match="NCCL"):
+    MPIAllReduce(opts(implementation=impl.NCCL))
+  with pytest.raises(ValueError, match="CommunicationOptions"):
+    MPIStrategy(communication_options="fast")
+  with pytest.raises(ValueError, match="cross_device_ops"):
+    MPIStrategy(cross_device_ops=tf.distribute.ReductionToOneDevice())
+  s = MPIStrategy(communication_options=opts(implementation=impl.RING))
+  with pytest.raises(ValueError, match="bytes_per_pack"):
+    s.reduce("SUM", tf.constant(1.0), axis=None) if False else (
+        s.extended.reduce_to("SUM", tf.constant(1.0), "/device:CPU:0",
+                             options=opts(bytes_per_pack=1024)))
+  assert s.reduce("SUM", tf.constant(1.0), axis=None).numpy() == N
