@@ -1,0 +1,645 @@
+"""Allreduce latency: mpistrategy ops vs raw mpi4py (and optionally MWMS).
+
+Run:
+    mpirun --allow-run-as-root -np 2 .venv/bin/python bench/allreduce.py \
+        [--sizes 4KB,256KB,4MB,64MB,200x16KB] [--iters N] [--json out.json] \
+        [--plot out.png] [--mwms-json F | --include-mwms] [--device cpu|gpu]
+
+All cases are float32 SUM allreduces.  Each sample is the wall time of one
+call plus the host read of its result (``np.asarray`` on the output, which is
+zero-copy on CPU and a device-to-host copy on GPU), so asynchronous
+completion cannot hide cost.  Ranks meet in a barrier before each case, run
+warm-up iterations (tracing, response cache, buffer allocation), then the
+timed ones.  Reported: median, p10 and p90 over the timed iterations, as seen
+on rank 0.
+
+Phases, in order (raw MPI first, before the mpistrategy engine starts, so the
+engine's background thread cannot perturb the baseline):
+
+  raw      mpi4py ``Comm.Allreduce`` on preallocated numpy buffers;
+           ``200x16KB``: 200 separate calls, and one fused 3.2 MB call.
+  floor    ``tf.function`` returning ``tf.identity`` of the same inputs: the
+           TF dispatch cost no collective op can go below (informational).
+  ops      ``mpistrategy.ops.allreduce`` inside a ``tf.function``;
+           ``200x16KB``: ``grouped_allreduce`` of 200 tensors in one
+           tf.function, and 200 separate ``allreduce`` calls in one
+           tf.function (the engine should fuse them).
+  chain    4 KB only: 100 dependent allreduces inside one tf.function call,
+           reported per allreduce (the op's latency without the dispatch).
+
+Rank 0 prints a markdown table, then each target with PASS/MISS:
+ratio (ops / raw) <= 1.25 at 4 MB and 64 MB, <= 2.0 for 200x16KB (grouped
+vs raw fused), 4 KB latency < 0.1 ms (judged twice: per tf.function call,
+which includes TF's dispatch floor, and per allreduce inside a graph).
+Exit status is 0 even on MISS (this is a measurement, not a test); it is 2
+for unusable arguments or environments.
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+# Runnable from a source checkout without PYTHONPATH.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+  sys.path.insert(0, _ROOT)
+
+import numpy as np  # pylint: disable=wrong-import-position
+
+DEFAULT_CASES = "4KB,256KB,4MB,64MB,200x16KB"
+CHAIN_LENGTH = 100
+
+_UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
+
+
+def parse_case(text):
+  """'4KB' -> (1, 4096); '200x16KB' -> (200, 16384)."""
+  m = re.fullmatch(r"(?:(\d+)[xX])?(\d+)\s*(B|KB|MB|GB)", text.strip().upper())
+  if not m:
+    raise ValueError(
+      f"--sizes: cannot parse {text!r}; expected e.g. 4KB, 64MB or 200x16KB")
+  count = int(m.group(1) or 1)
+  nbytes = int(m.group(2)) * _UNITS[m.group(3)]
+  if nbytes % 4 or nbytes == 0 or count == 0:
+    raise ValueError(
+      f"--sizes: {text!r} must be a positive multiple of 4 bytes (float32)")
+  return count, nbytes
+
+
+def default_iters(count, nbytes):
+  """(warmup, iters) that give stable medians and keep a run < ~2 min."""
+  total = count * nbytes
+  if count > 1:
+    return 20, 200
+  if total <= 256 << 10:
+    return 50, 1000
+  if total <= 4 << 20:
+    return 20, 200
+  return 5, 30
+
+
+def summarize(samples):
+  a = np.asarray(samples) * 1e3  # ms
+  return {
+    "median_ms": float(np.median(a)),
+    "p10_ms": float(np.percentile(a, 10)),
+    "p90_ms": float(np.percentile(a, 90)),
+    "n": int(a.size),
+  }
+
+
+def time_calls(fn, warmup, iters, sync=None):
+  for _ in range(warmup):
+    r = fn()
+    if sync:
+      sync(r)
+  samples = []
+  for _ in range(iters):
+    t0 = time.perf_counter()
+    r = fn()
+    if sync:
+      sync(r)
+    samples.append(time.perf_counter() - t0)
+  return samples, r
+
+
+def host_sync(result):
+  """Reads the result on the host; zero-copy for CPU tensors."""
+  if isinstance(result, (list, tuple)):
+    for t in result:
+      np.asarray(t)
+  else:
+    np.asarray(result)
+
+
+def fmt_size(nbytes):
+  for unit in ("GB", "MB", "KB"):
+    if nbytes >= _UNITS[unit] and nbytes % _UNITS[unit] == 0:
+      return f"{nbytes // _UNITS[unit]} {unit}"
+  return f"{nbytes} B"
+
+
+def case_label(count, nbytes):
+  return fmt_size(nbytes) if count == 1 else f"{count} x {fmt_size(nbytes)}"
+
+
+# --------------------------------------------------------------------------
+# Raw MPI (mpi4py)
+
+
+def bench_raw(comm, cases, args):
+  """Returns {label: {"raw": samples, ["raw_separate": samples]}}."""
+  from mpi4py import MPI  # pylint: disable=import-outside-toplevel
+  rank, size = comm.Get_rank(), comm.Get_size()
+  expected = size * (size + 1) / 2
+  results = {}
+  for count, nbytes in cases:
+    warmup, iters = iters_for(args, count, nbytes)
+    n = nbytes // 4
+    label = case_label(count, nbytes)
+    if count == 1:
+      x = np.full(n, rank + 1, np.float32)
+      y = np.empty_like(x)
+      comm.Barrier()
+      s, _ = time_calls(lambda x=x, y=y: comm.Allreduce(x, y, op=MPI.SUM),
+                        warmup, iters)
+      check(y, expected, "raw " + label)
+      results[label] = {"raw": s}
+    else:
+      xs = [np.full(n, rank + 1, np.float32) for _ in range(count)]
+      ys = [np.empty_like(x) for x in xs]
+
+      def separate(xs=xs, ys=ys):
+        for x, y in zip(xs, ys):
+          comm.Allreduce(x, y, op=MPI.SUM)
+
+      comm.Barrier()
+      s_sep, _ = time_calls(separate, warmup, iters)
+      check(ys[-1], expected, "raw separate " + label)
+      xf = np.full(n * count, rank + 1, np.float32)
+      yf = np.empty_like(xf)
+      comm.Barrier()
+      s_fused, _ = time_calls(
+        lambda: comm.Allreduce(xf, yf, op=MPI.SUM), warmup, iters)
+      check(yf, expected, "raw fused " + label)
+      results[label] = {"raw_separate": s_sep, "raw": s_fused}
+  return results
+
+
+# --------------------------------------------------------------------------
+# mpistrategy ops inside tf.function
+
+
+def bench_ops(cases, args, device):
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import mpistrategy  # pylint: disable=import-outside-toplevel
+  from mpistrategy import ops  # pylint: disable=import-outside-toplevel
+
+  rank, size = mpistrategy.rank(), mpistrategy.size()
+  expected = size * (size + 1) / 2
+  results = {}
+
+  def barrier():
+    ops.barrier()
+
+  for count, nbytes in cases:
+    warmup, iters = iters_for(args, count, nbytes)
+    n = nbytes // 4
+    label = case_label(count, nbytes)
+    res = {}
+    with tf.device(device):
+      if count == 1:
+        x = tf.fill([n], tf.constant(rank + 1, tf.float32))
+
+        floor_fn = tf.function(tf.identity)
+        barrier()
+        s, _ = time_calls(lambda: floor_fn(x), warmup, iters, host_sync)
+        res["floor"] = summarize(s)
+
+        @tf.function
+        def one(t):
+          return ops.allreduce(t, op=ops.Sum)
+
+        barrier()
+        s, r = time_calls(lambda: one(x), warmup, iters, host_sync)
+        check(np.asarray(r), expected, "ops " + label)
+        res["ops"] = summarize(s)
+
+        if nbytes <= 4 << 10 and not args.no_chain:
+          # Dependent allreduces: each input is the previous output scaled
+          # back, so values stay bounded and nothing can run in parallel.
+          @tf.function
+          def chain(t):
+            for _ in range(CHAIN_LENGTH):
+              t = ops.allreduce(t, op=ops.Sum) * (1.0 / size)
+            return t
+
+          barrier()
+          s, _ = time_calls(lambda: chain(x), max(2, warmup // 10),
+                            max(10, iters // 10), host_sync)
+          res["ops_chain_per_op"] = summarize(np.asarray(s) / CHAIN_LENGTH)
+      else:
+        # One input buffer split into `count` tensors inside the function
+        # (zero-copy on CPU): passing 200 separate arguments would add
+        # ~4 ms of tf.function argument handling to every sample.
+        x = tf.fill([n * count], tf.constant(rank + 1, tf.float32))
+
+        @tf.function
+        def floor_fn(t):
+          return [tf.identity(p) for p in tf.split(t, count)]
+
+        barrier()
+        s, _ = time_calls(lambda: floor_fn(x), warmup, iters, host_sync)
+        res["floor"] = summarize(s)
+
+        @tf.function
+        def grouped(t):
+          return ops.grouped_allreduce(tf.split(t, count), op=ops.Sum)
+
+        barrier()
+        s, r = time_calls(lambda: grouped(x), warmup, iters, host_sync)
+        check(np.asarray(r[-1]), expected, "ops grouped " + label)
+        res["ops"] = summarize(s)
+
+        @tf.function
+        def separate(t):
+          return [ops.allreduce(p, op=ops.Sum) for p in tf.split(t, count)]
+
+        barrier()
+        s, r = time_calls(lambda: separate(x), warmup, iters, host_sync)
+        check(np.asarray(r[-1]), expected, "ops separate " + label)
+        res["ops_separate"] = summarize(s)
+    results[label] = res
+    if rank == 0 and args.verbose:
+      print(f"  done {label}", flush=True)
+  return results
+
+
+def check(array, expected, what):
+  got = np.asarray(array).reshape(-1)
+  if got.size and not np.allclose(got[[0, -1]], expected):
+    raise SystemExit(
+      f"bench/allreduce.py: wrong result for {what}: got {got[[0, -1]]}, "
+      f"expected {expected}")
+
+
+def iters_for(args, count, nbytes):
+  warmup, iters = default_iters(count, nbytes)
+  if args.iters:
+    iters = args.iters
+    warmup = max(1, min(warmup, iters // 5))
+  if args.warmup is not None:
+    warmup = args.warmup
+  return warmup, iters
+
+
+# --------------------------------------------------------------------------
+# tf.distribute.MultiWorkerMirroredStrategy (optional anchor)
+
+
+def mwms_worker(args):
+  """One MWMS worker; TF_CONFIG is set by the parent (see run_mwms)."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  comm_opts = tf.distribute.experimental.CommunicationOptions(
+    implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+  strategy = tf.distribute.MultiWorkerMirroredStrategy(
+    communication_options=comm_opts)
+  index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+  cases = [parse_case(c) for c in args.sizes.split(",")]
+  results = {}
+  for count, nbytes in cases:
+    warmup, iters = iters_for(args, count, nbytes)
+    n = nbytes // 4
+    label = case_label(count, nbytes)
+    if count == 1:
+      x = tf.fill([n], tf.constant(index + 1, tf.float32))
+
+      # tf.identity inside the replica function gives the value a device;
+      # a bare function input has none, and MWMS then fails with
+      # "destinations can not be empty" (TF-INTEGRATION-NOTES P5).
+      @tf.function
+      def step(t):
+        return strategy.run(lambda t: tf.distribute.get_replica_context()
+                            .all_reduce(tf.distribute.ReduceOp.SUM,
+                                        tf.identity(t)),
+                            args=(t,))
+    else:
+      x = tf.fill([n * count], tf.constant(index + 1, tf.float32))
+
+      @tf.function
+      def step(t):
+        def replica_fn(t):
+          return tf.distribute.get_replica_context().all_reduce(
+              tf.distribute.ReduceOp.SUM,
+              [tf.identity(p) for p in tf.split(t, count)])
+        return strategy.run(replica_fn, args=(t,))
+
+    s, _ = time_calls(lambda: step(x), warmup, iters, host_sync)
+    results[label] = {"mwms": summarize(s)}
+  if index == 0:
+    with open(args.json, "w", encoding="utf-8") as f:
+      json.dump(results, f, indent=1)
+
+
+def run_mwms(args):
+  """Runs two MWMS workers on localhost (gRPC); returns their results."""
+  import socket  # pylint: disable=import-outside-toplevel
+  ports = []
+  socks = []
+  for _ in range(2):
+    s = socket.socket()
+    s.bind(("localhost", 0))
+    ports.append(s.getsockname()[1])
+    socks.append(s)
+  for s in socks:
+    s.close()
+  cluster = {"worker": [f"localhost:{p}" for p in ports]}
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith(("OMPI_", "PMIX_", "OPAL_", "MPISTRATEGY_"))}
+  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  out = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
+  procs = []
+  for index in range(2):
+    e = dict(env, TF_CONFIG=json.dumps(
+      {"cluster": cluster, "task": {"type": "worker", "index": index}}))
+    cmd = [sys.executable, os.path.abspath(__file__), "--mwms-worker",
+           "--json", out, "--sizes", args.sizes]
+    if args.iters:
+      cmd += ["--iters", str(args.iters)]
+    procs.append(subprocess.Popen(cmd, env=e))
+  # A worker that fails leaves the other one blocked in a collective: stop
+  # both as soon as one fails, or after 240 s.
+  deadline = time.time() + 240
+  while any(p.poll() is None for p in procs):
+    failed = any(p.poll() not in (None, 0) for p in procs)
+    if failed or time.time() > deadline:
+      for p in procs:
+        if p.poll() is None:
+          p.kill()
+      for p in procs:
+        p.wait()
+      if not failed:
+        raise SystemExit("MWMS workers timed out after 240 s")
+      break
+    time.sleep(0.1)
+  rcs = [p.returncode for p in procs]
+  if any(rcs):
+    raise SystemExit(f"MWMS workers failed with exit statuses {rcs}")
+  with open(out, encoding="utf-8") as f:
+    data = json.load(f)
+  os.unlink(out)
+  return data
+
+
+# --------------------------------------------------------------------------
+# Reporting
+
+
+TARGETS = [
+    # (description, case label, kind, limit)
+    ("ratio ops/raw <= 1.25 at 4 MB", "4 MB", "ratio", 1.25),
+    ("ratio ops/raw <= 1.25 at 64 MB", "64 MB", "ratio", 1.25),
+    ("ratio ops/raw <= 2.0 for 200 x 16 KB (grouped vs raw fused)",
+     "200 x 16 KB", "ratio", 2.0),
+    ("4 KB latency < 0.1 ms (one tf.function call, incl. TF dispatch)",
+     "4 KB", "latency", 0.1),
+    ("4 KB latency < 0.1 ms (per allreduce, chained inside one graph)",
+     "4 KB", "chain", 0.1),
+]
+
+
+def ms(entry):
+  return (f"{entry['median_ms']:.3f} "
+          f"({entry['p10_ms']:.3f}-{entry['p90_ms']:.3f})")
+
+
+def report(results, meta):
+  lines = []
+  lines.append(
+    f"## allreduce float32 SUM, {meta['size']} ranks, device {meta['device']}"
+    f" — median ms (p10-p90)")
+  lines.append("")
+  has_mwms = any("mwms" in r for r in results.values())
+  header = ["case", "mpistrategy ops", "raw mpi4py", "ratio ops/raw",
+            "tf.function floor"]
+  if has_mwms:
+    header.append("MWMS (RING)")
+  lines.append("| " + " | ".join(header) + " |")
+  lines.append("|" + "---|" * len(header))
+  for label, r in results.items():
+    if "ops" not in r or "raw" not in r:
+      continue
+    ratio = r["ops"]["median_ms"] / r["raw"]["median_ms"]
+    r["ratio"] = ratio
+    is_group = "x" in label
+    row = [label + (" grouped_allreduce / raw fused" if is_group else ""),
+           ms(r["ops"]), ms(r["raw"]), f"{ratio:.2f}", ms(r["floor"])]
+    if has_mwms:
+      row.append(ms(r["mwms"]) if "mwms" in r else "-")
+    lines.append("| " + " | ".join(row) + " |")
+    if is_group:
+      row = [label + " 200 separate allreduce / raw fused",
+             ms(r["ops_separate"]), ms(r["raw"]),
+             f"{r['ops_separate']['median_ms'] / r['raw']['median_ms']:.2f}",
+             ""]
+      if has_mwms:
+        row.append("")
+      lines.append("| " + " | ".join(row) + " |")
+      row = [label + " raw: 200 separate Allreduce", "",
+             ms(r["raw_separate"]), "", ""]
+      if has_mwms:
+        row.append("")
+      lines.append("| " + " | ".join(row) + " |")
+    if "ops_chain_per_op" in r:
+      chain_ratio = r["ops_chain_per_op"]["median_ms"] / r["raw"]["median_ms"]
+      row = [label + f" per op, {CHAIN_LENGTH} chained in one tf.function",
+             ms(r["ops_chain_per_op"]), ms(r["raw"]), f"{chain_ratio:.2f}",
+             ""]
+      if has_mwms:
+        row.append("")
+      lines.append("| " + " | ".join(row) + " |")
+  lines.append("")
+  lines.append("Targets:")
+  verdicts = []
+  for desc, label, kind, limit in TARGETS:
+    r = results.get(label)
+    if r is None or "ops" not in r:
+      lines.append(f"- {desc}: SKIPPED (case not run)")
+      continue
+    if kind == "ratio":
+      value = r["ratio"]
+      ok = value <= limit
+      shown = f"{value:.2f}"
+    elif kind == "chain":
+      if "ops_chain_per_op" not in r:
+        lines.append(f"- {desc}: SKIPPED (--no-chain)")
+        continue
+      value = r["ops_chain_per_op"]["median_ms"]
+      ok = value < limit
+      shown = f"{value:.3f} ms"
+    else:
+      value = r["ops"]["median_ms"]
+      ok = value < limit
+      shown = f"{value:.3f} ms"
+      shown += (f" (tf.function floor with tf.identity: "
+                f"{r['floor']['median_ms']:.3f} ms)")
+    verdicts.append({"target": desc, "value": value, "pass": ok})
+    lines.append(f"- {desc}: {shown} -> {'PASS' if ok else 'MISS'}")
+  return "\n".join(lines), verdicts
+
+
+def plot(results, path):
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  single = [(parse_case(lab.replace(" ", ""))[1], r)
+            for lab, r in results.items() if "x" not in lab]
+  single.sort(key=lambda t: t[0])
+  xs = [s for s, _ in single]
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  series = [("ops", "mpistrategy ops (tf.function)"),
+            ("raw", "raw mpi4py Allreduce"),
+            ("mwms", "TF MultiWorkerMirroredStrategy (RING)"),
+            ("floor", "tf.function floor (tf.identity)")]
+  for key, name in series:
+    pts = [(s, r[key]) for s, r in single if key in r]
+    if not pts:
+      continue
+    ax.errorbar([p[0] for p in pts], [p[1]["median_ms"] for p in pts],
+                yerr=[[p[1]["median_ms"] - p[1]["p10_ms"] for p in pts],
+                [p[1]["p90_ms"] - p[1]["median_ms"] for p in pts]],
+                marker="o", capsize=3, label=name,
+                linestyle=":" if key == "floor" else "-")
+  ax.set_xscale("log", base=2)
+  ax.set_yscale("log")
+  ax.set_xticks(xs)
+  ax.set_xticklabels([fmt_size(s) for s in xs])
+  ax.set_xlabel("message size (float32)")
+  ax.set_ylabel("latency, ms (median, p10-p90)")
+  ax.set_title("allreduce latency, 2 ranks")
+  ax.grid(True, which="both", alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+# --------------------------------------------------------------------------
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--sizes", default=DEFAULT_CASES,
+                 help="comma-separated cases, e.g. 4KB,64MB,200x16KB")
+  p.add_argument("--iters", type=int, default=0,
+                 help="timed iterations per case (default: by size)")
+  p.add_argument("--warmup", type=int, default=None)
+  p.add_argument("--json", help="write all results to this file (rank 0)")
+  p.add_argument("--plot", help="write a latency-vs-size PNG (rank 0)")
+  p.add_argument("--mwms-json",
+                 help="MWMS results from an earlier --include-mwms run")
+  p.add_argument("--include-mwms", action="store_true",
+                 help="also measure MultiWorkerMirroredStrategy (2 gRPC "
+                 "workers on localhost, spawned by rank 0 afterwards)")
+  p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+  p.add_argument("--no-chain", action="store_true",
+                 help="skip the chained 4 KB per-op measurement")
+  p.add_argument("--verbose", action="store_true")
+  p.add_argument("--mwms-worker", action="store_true", help=argparse.SUPPRESS)
+  args = p.parse_args()
+
+  try:
+    cases = [parse_case(c) for c in args.sizes.split(",") if c.strip()]
+  except ValueError as e:
+    print(f"bench/allreduce.py: {e}", file=sys.stderr)
+    return 2
+
+  if args.mwms_worker:
+    mwms_worker(args)
+    return 0
+
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  # mpi4py first: it initialises MPI (MPI_THREAD_MULTIPLE), and the
+  # mpistrategy engine then reuses the initialised MPI.
+  from mpi4py import MPI  # pylint: disable=import-outside-toplevel
+  comm = MPI.COMM_WORLD
+  rank, size = comm.Get_rank(), comm.Get_size()
+
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  device = "/CPU:0"
+  if args.device == "gpu":
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+      if rank == 0:
+        print("bench/allreduce.py: --device gpu: TensorFlow sees no GPU on "
+              "this machine (tf.config.list_physical_devices('GPU') is "
+              "empty); run without --device gpu for the CPU benchmark.",
+              file=sys.stderr)
+      return 2
+    local_rank = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
+    tf.config.set_visible_devices(gpus[local_rank % len(gpus)], "GPU")
+    device = "/GPU:0"
+
+  t_start = time.perf_counter()
+  if rank == 0:
+    print(f"bench/allreduce.py: {size} ranks, cases {args.sizes}, "
+          f"device {device}", flush=True)
+  # Raw MPI runs twice, before the engine starts and after it stopped, and
+  # the samples are pooled: on a shared machine this halves the bias from
+  # load that drifts during the run.
+  raw_before = bench_raw(comm, cases, args)
+  comm.Barrier()
+
+  import mpistrategy  # pylint: disable=import-outside-toplevel
+  mpistrategy.init()
+  if mpistrategy.size() != size:
+    raise SystemExit(f"mpistrategy.size()={mpistrategy.size()} but MPI size "
+                     f"is {size}")
+  ops_res = bench_ops(cases, args, device)
+  mpistrategy.shutdown()
+  comm.Barrier()
+  raw_after = bench_raw(comm, cases, args)
+
+  results = {}
+  for label, before in raw_before.items():
+    r = {}
+    for key, samples in before.items():
+      r[key] = summarize(list(samples) + list(raw_after[label][key]))
+      r[key]["median_ms_before_after"] = [
+          summarize(samples)["median_ms"],
+          summarize(raw_after[label][key])["median_ms"]]
+    results[label] = dict(r, **ops_res.get(label, {}))
+
+  if args.include_mwms:
+    # Only rank 0 drives the MWMS workers; the other ranks wait without
+    # spinning so the two workers get both cores.  Rank 0 joins the barrier
+    # even when the workers fail, so no rank is left waiting.
+    mwms, mwms_error = {}, None
+    if rank == 0:
+      try:
+        mwms = run_mwms(args)
+      except (SystemExit, OSError, ValueError) as e:
+        mwms_error = e
+    req = comm.Ibarrier()
+    while not req.Test():
+      time.sleep(0.05)
+    if mwms_error is not None:
+      print(f"bench/allreduce.py: --include-mwms: {mwms_error}; the MWMS "
+            "column is left out", file=sys.stderr)
+    for label, r in mwms.items():
+      results.setdefault(label, {}).update(r)
+  if args.mwms_json and rank == 0:
+    with open(args.mwms_json, encoding="utf-8") as f:
+      data = json.load(f)
+    # Either a --mwms-worker file or a full --json file of this script.
+    data = data.get("results", data)
+    for label, r in data.items():
+      if "mwms" in r:
+        results.setdefault(label, {})["mwms"] = r["mwms"]
+
+  if rank == 0:
+    meta = {"size": size, "device": device,
+            "wall_s": round(time.perf_counter() - t_start, 1),
+            "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
+            "cpus": os.cpu_count()}
+    text, verdicts = report(results, meta)
+    print(text)
+    print(f"\n(wall time {meta['wall_s']} s; 1-min load average at the "
+          f"end {meta['loadavg_1m_at_end']} on {meta['cpus']} CPUs -- "
+          f"numbers from a loaded machine are not comparable)")
+    if args.json:
+      with open(args.json, "w", encoding="utf-8") as f:
+        json.dump({"meta": meta, "results": results, "targets": verdicts},
+                  f, indent=1)
+    if args.plot:
+      plot(results, args.plot)
+      print(f"plot written to {args.plot}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

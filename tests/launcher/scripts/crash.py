@@ -1,0 +1,65 @@
+"""A training loop in which one rank dies mid-training.
+
+--mode raise  the failing rank raises an unhandled RuntimeError
+--mode exit   the failing rank calls os._exit(3)
+--mode kill   the failing rank sends itself SIGKILL
+
+The other ranks keep training and block in the next allreduce; the library
+(abort propagation) or mpirun must stop them.  A surviving rank that gets an
+error prints it (CAUGHT) and re-raises it, as a user program would.
+
+Events: INIT, TRAINING, FAIL (failing rank, just before dying), CAUGHT
+(survivors, if they get to see an error), FINISHED (must not happen).
+"""
+
+import os
+import signal
+
+import _rankio as io
+
+p = io.parser(__doc__)
+p.add_argument("--mode", choices=["raise", "exit", "kill"], required=True)
+p.add_argument("--fail-rank", type=int, default=1)
+p.add_argument("--fail-step", type=int, default=50)
+p.add_argument("--steps", type=int, default=1000000)
+args = p.parse_args()
+
+import numpy as np  # pylint: disable=wrong-import-position
+import tensorflow as tf  # pylint: disable=wrong-import-position
+import mpistrategy  # pylint: disable=wrong-import-position
+from mpistrategy import ops  # pylint: disable=wrong-import-position
+
+mpistrategy.init()
+rank, size = mpistrategy.rank(), mpistrategy.size()
+io.emit("INIT", f"rank={rank} size={size}")
+
+w = tf.Variable(tf.zeros([64]))
+x = tf.constant(np.linspace(0, 1, 64, dtype=np.float32) + rank)
+
+
+@tf.function
+def train_step(x):
+  with tf.GradientTape() as tape:
+    loss = tf.reduce_sum((w * x - 1.0) ** 2)
+  grad = tape.gradient(loss, w)
+  grad = ops.allreduce(grad, op=ops.Average)
+  w.assign_sub(0.001 * grad)
+  return loss
+
+
+io.emit("TRAINING")
+try:
+  for step in range(args.steps):
+    if rank == args.fail_rank and step == args.fail_step:
+      io.emit("FAIL", f"{args.mode} at step {step}")
+      if args.mode == "raise":
+        raise RuntimeError(f"injected failure on rank {rank} at step {step}")
+      if args.mode == "exit":
+        os._exit(3)  # pylint: disable=protected-access
+      os.kill(os.getpid(), signal.SIGKILL)
+    train_step(x)
+except tf.errors.OpError as e:
+  io.emit("CAUGHT", io.error_text(e))
+  raise
+io.emit("FINISHED", f"{args.steps} steps")
+mpistrategy.shutdown()

@@ -1,0 +1,50 @@
+"""Run without mpirun (a world of size 1), and a short memory soak on 2 ranks.
+"""
+
+import os
+import re
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+@pytest.mark.timeout(120)
+def test_runs_without_mpirun_as_world_of_one(launch):
+  job = launch("single.py", mpi=False, timeout=90)
+  job.assert_no_leftovers()
+  assert not job.timed_out, job.describe()
+  assert job.returncode == 0, job.describe()
+  init = job.event("INIT", 0)
+  assert init.text == "rank=0 size=1 local_rank=0 local_size=1", \
+      job.describe()
+  checks = job.events("CHECK", rank=0)
+  assert len(checks) == 6, job.describe()
+  wrong = [c.text for c in checks if not c.text.endswith(" ok")]
+  assert not wrong, "\n".join(wrong) + "\n" + job.describe()
+  job.event("DONE", 0)
+
+
+@pytest.mark.timeout(240)
+def test_short_soak_rss_growth_below_5_percent(launch):
+  """300 Keras steps under MPIStrategy on 2 ranks; RSS grows < 5 %."""
+  job = launch(os.path.join(ROOT, "bench", "soak.py"), np=2, timeout=210,
+               args=["--steps", "300", "--measure-at", "100",
+                     "--max-growth", "5"])
+  job.assert_no_leftovers()
+  assert not job.timed_out, job.describe()
+  found = {}
+  for rank in range(2):
+    for line in job.rank_lines(rank):
+      m = re.match(r"rank (\d+): RSS at step (\d+): ([0-9.]+) MiB; at step "
+                   r"(\d+): ([0-9.]+) MiB; growth ([-+0-9.]+) %", line)
+      if m:
+        found[rank] = float(m.group(6))
+        assert int(m.group(2)) == 100 and int(m.group(4)) == 300, line
+  assert sorted(found) == [0, 1], "not every rank reported its RSS\n" + \
+      job.describe()
+  for rank, growth in found.items():
+    assert growth < 5.0, (f"rank {rank}: RSS grew {growth:+.2f} % between "
+                          f"step 100 and 300\n" + job.describe())
+  assert job.returncode == 0, job.describe()
