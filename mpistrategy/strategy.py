@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from mpistrategy import _tf_private as _tfp
+from mpistrategy import gpu
 from mpistrategy.cross_device_ops import mpi_all_reduce
 from mpistrategy.cross_device_ops import nccl_all_reduce
 
@@ -93,6 +94,10 @@ def _init_engine(communication_options):
 
 def _local_device():
   """One device per process: GPU `local_rank % #GPUs` if any, else CPU:0."""
+  # Make that GPU the only one this process's TensorFlow sees (a no-op
+  # without GPUs, a warning if TF already set its GPUs up), so processes on
+  # one host do not all allocate memory on every GPU.
+  gpu.pin_to_local_gpu()
   gpus = tf.config.list_logical_devices("GPU")
   if gpus:
     index = _runtime().local_rank() % len(gpus)
