@@ -173,4 +173,16 @@ std::string FormatSeconds(double seconds) {
   return buf;
 }
 
+int64_t RowElements(const Shape& shape) {
+  int64_t n = 1;
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+Shape WithFirstDim(const Shape& shape, int64_t first) {
+  Shape out = shape;
+  out[0] = first;
+  return out;
+}
+
 }  // namespace mpistrategy

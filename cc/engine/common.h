@@ -119,6 +119,10 @@ constexpr int32_t kCpuDevice = -1;
 using Shape = std::vector<int64_t>;
 int64_t NumElements(const Shape& shape);
 std::string ShapeString(const Shape& shape);  // "[2, 3]"
+// Elements in one first-dimension row (product of all dims but the first).
+int64_t RowElements(const Shape& shape);
+// `shape` with its first dimension replaced by `first`.
+Shape WithFirstDim(const Shape& shape, int64_t first);
 
 // ---- Helpers added by the engine (not part of the frozen interface) -----
 

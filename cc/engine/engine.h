@@ -72,6 +72,11 @@ struct EngineStats {
   int64_t fused_buckets = 0;   // ... of which packed more than one tensor
 };
 
+// Calls entry->allocate_output for `shape`.  On failure, or when the
+// callback gives no buffer for a non-empty output, *data is null and the
+// status says why (the rank must still take part in the collective).
+Status AllocateOutput(TensorEntry* entry, const Shape& shape, void** data);
+
 class Engine {
  public:
   // Validates `config`, takes ownership of `transport` and starts the

@@ -8,22 +8,12 @@ namespace mpistrategy {
 
 namespace {
 
-// Elements in one first-dimension row (product of all dims but the first).
-int64_t RowElements(const Shape& shape) {
-  int64_t n = 1;
-  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
-  return n;
+ReduceOp TransportOp(ReduceOp op) {
+  return op == ReduceOp::kMean ? ReduceOp::kSum : op;
 }
 
-Shape WithFirstDim(const Shape& shape, int64_t first) {
-  Shape out = shape;
-  out[0] = first;
-  return out;
-}
+}  // namespace
 
-// Asks the kernel for the output buffer.  On failure (or when the kernel
-// gives no buffer for non-empty output) *data is null and the status says
-// why.
 Status AllocateOutput(TensorEntry* entry, const Shape& shape, void** data) {
   *data = nullptr;
   Status s = entry->allocate_output(shape, data);
@@ -36,12 +26,6 @@ Status AllocateOutput(TensorEntry* entry, const Shape& shape, void** data) {
   if (!s.ok()) *data = nullptr;
   return s;
 }
-
-ReduceOp TransportOp(ReduceOp op) {
-  return op == ReduceOp::kMean ? ReduceOp::kSum : op;
-}
-
-}  // namespace
 
 int64_t AllreduceBytes(const Response& response) {
   if (response.type != ResponseType::kAllreduce || response.shapes.empty()) {

@@ -128,33 +128,6 @@ ReduceOp SumForMean(ReduceOp op) {
   return op == ReduceOp::kMean ? ReduceOp::kSum : op;
 }
 
-int64_t RowElements(const Shape& shape) {
-  int64_t n = 1;
-  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
-  return n;
-}
-
-Shape WithFirstDim(const Shape& shape, int64_t first) {
-  Shape out = shape;
-  out[0] = first;
-  return out;
-}
-
-// As in the executor: asks the kernel for the output buffer; on failure
-// *data is null and the status says why (the rank still takes part).
-Status AllocateOutput(TensorEntry* entry, const Shape& shape, void** data) {
-  *data = nullptr;
-  Status s = entry->allocate_output(shape, data);
-  if (s.ok() && *data == nullptr &&
-      NumElements(shape) * DataTypeSize(entry->dtype) > 0) {
-    s = Status::Internal("allocate_output for \"" + entry->name +
-                         "\" returned no buffer for shape " +
-                         ShapeString(shape));
-  }
-  if (!s.ok()) *data = nullptr;
-  return s;
-}
-
 cudaStream_t StreamOf(const TensorEntry& entry) {
   return static_cast<cudaStream_t>(entry.device_context->stream());
 }
