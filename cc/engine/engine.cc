@@ -387,7 +387,12 @@ bool Engine::Impl::RunCycle() {
   std::string shutdown_reason;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    if (incoming_.empty() && !shutdown_requested_) {
+    // Sleep only when this rank has nothing in flight.  With pending entries
+    // the other ranks are about to submit theirs (or are slow), and we must
+    // be in the next cycle's rendezvous when they do: sleeping here would add
+    // up to cycle_time_ms to every collective whose ranks arrive a little
+    // apart.  The transport's rendezvous waits without spinning.
+    if (incoming_.empty() && pending_.empty() && !shutdown_requested_) {
       wake_cv_.wait_for(
           lock, std::chrono::duration<double, std::milli>(config_.cycle_time_ms),
           [this] { return !incoming_.empty() || shutdown_requested_; });
