@@ -180,6 +180,10 @@ class Engine::Impl {
 
   void Start() { thread_ = std::thread([this] { Loop(); }); }
   Status Enqueue(TensorEntry entry);
+  Status EnqueueGroup(std::vector<TensorEntry> entries);
+  // Enqueue's checks that need mu_ (held by the caller): stopped, shutting
+  // down, duplicate name in flight.  Marks the name in flight when OK.
+  Status AdmitLocked(const TensorEntry& entry);
   void Abort(const std::string& reason, double timeout_seconds);
   EngineStats stats() const;
 
@@ -287,42 +291,65 @@ Engine::Impl::~Impl() {
 }
 
 Status Engine::Impl::Enqueue(TensorEntry entry) {
-  Status status = ValidateEntry(entry, rank_, size_);
-  if (status.ok()) {
-    PendingEntry p;
-    p.request = MakeRequest(entry, rank_, size_);
-    p.enqueued_seconds = clock_();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopped_) {
-        status = StickyStatusFor(entry.name);
-      } else if (shutdown_requested_) {
-        status = Status::Aborted(
-            "mpistrategy: collective \"" + entry.name +
-            "\" was aborted because rank " + std::to_string(rank_) +
-            " stopped: " +
-            (shutdown_reason_.empty()
-                 ? "rank " + std::to_string(rank_) + " shut down"
-                 : shutdown_reason_));
-      } else if (!in_flight_.insert(entry.name).second) {
-        status = Status::InvalidArgument(
-            Describe(entry) + " is already in flight on rank " +
-            std::to_string(rank_) +
-            "; a name may be submitted again only after the previous "
-            "collective with that name completed");
-      } else {
-        p.entry = std::move(entry);
-        incoming_.push_back(std::move(p));
-      }
-    }
-    if (status.ok()) {
-      wake_cv_.notify_one();
-      return status;
+  std::vector<TensorEntry> group;
+  group.push_back(std::move(entry));
+  return EnqueueGroup(std::move(group));
+}
+
+Status Engine::Impl::AdmitLocked(const TensorEntry& entry) {
+  if (stopped_) return StickyStatusFor(entry.name);
+  if (shutdown_requested_) {
+    return Status::Aborted(
+        "mpistrategy: collective \"" + entry.name +
+        "\" was aborted because rank " + std::to_string(rank_) +
+        " stopped: " +
+        (shutdown_reason_.empty()
+             ? "rank " + std::to_string(rank_) + " shut down"
+             : shutdown_reason_));
+  }
+  if (!in_flight_.insert(entry.name).second) {
+    return Status::InvalidArgument(
+        Describe(entry) + " is already in flight on rank " +
+        std::to_string(rank_) +
+        "; a name may be submitted again only after the previous "
+        "collective with that name completed");
+  }
+  return Status::Ok();
+}
+
+Status Engine::Impl::EnqueueGroup(std::vector<TensorEntry> entries) {
+  const size_t n = entries.size();
+  std::vector<Status> status(n);
+  std::vector<PendingEntry> prepared(n);
+  for (size_t i = 0; i < n; ++i) {
+    status[i] = ValidateEntry(entries[i], rank_, size_);
+    if (!status[i].ok()) continue;
+    prepared[i].request = MakeRequest(entries[i], rank_, size_);
+    prepared[i].enqueued_seconds = clock_();
+  }
+  bool queued_any = false;
+  {
+    // One critical section for the whole group, so the engine thread drains
+    // all of it in one cycle and the entries can share a fusion bucket.
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < n; ++i) {
+      if (!status[i].ok()) continue;
+      status[i] = AdmitLocked(entries[i]);
+      if (!status[i].ok()) continue;
+      prepared[i].entry = std::move(entries[i]);
+      incoming_.push_back(std::move(prepared[i]));
+      queued_any = true;
     }
   }
-  // Rejected: `entry` was not moved from.
-  if (entry.done) entry.done(status);
-  return status;
+  if (queued_any) wake_cv_.notify_one();
+  Status first_error;
+  for (size_t i = 0; i < n; ++i) {
+    if (status[i].ok()) continue;
+    // Rejected: entries[i] was not moved from.
+    if (entries[i].done) entries[i].done(status[i]);
+    if (first_error.ok()) first_error = status[i];
+  }
+  return first_error;
 }
 
 void Engine::Impl::Abort(const std::string& reason, double timeout_seconds) {
@@ -626,6 +653,10 @@ Engine::~Engine() = default;
 
 Status Engine::Enqueue(TensorEntry entry) {
   return impl_->Enqueue(std::move(entry));
+}
+
+Status Engine::EnqueueGroup(std::vector<TensorEntry> entries) {
+  return impl_->EnqueueGroup(std::move(entries));
 }
 
 void Engine::Abort(const std::string& reason, double timeout_seconds) {

@@ -106,6 +106,12 @@ class Engine {
   // Enqueue fails fast with that sticky error.
   Status Enqueue(TensorEntry entry);
 
+  // Enqueue for several entries at once: the accepted ones become visible
+  // to the engine thread together, so they are negotiated in the same cycle
+  // and can share a fusion bucket (grouped_allreduce).  Each rejected entry
+  // gets its own `done`; returns the first rejection, or OK.
+  Status EnqueueGroup(std::vector<TensorEntry> entries);
+
   // Asks every rank's engine to stop: pending and future entries fail with
   // Aborted carrying `reason` (e.g. "rank 1 raised ValueError: ...").
   // Returns once this rank's engine has told the others, or after

@@ -277,6 +277,42 @@ TEST(Negotiation, FastPathInSteadyState) {
   }
 }
 
+// A group is drained by the engine thread in one piece, so with a large
+// enough threshold the whole group runs as one fused transport call.
+TEST(Negotiation, EnqueueGroupFusesTheWholeGroup) {
+  const int n = 2;
+  const int kTensors = 40;
+  Cluster c(n);
+  OnEveryRank(n, [&](int rank) {
+    std::vector<std::vector<char>> ins(kTensors), outs(kTensors);
+    std::vector<TensorEntry> group;
+    std::vector<std::future<Status>> fs;
+    for (int t = 0; t < kTensors; ++t) {
+      ins[t] = Buffer(DataType::kFloat32, 16);
+      outs[t] = Buffer(DataType::kFloat32, 16);
+      for (int i = 0; i < 16; ++i) Set(DataType::kFloat32, &ins[t], i, rank + t);
+      TensorEntry e = AllreduceEntry("g." + std::to_string(t),
+                                     DataType::kFloat32, {16}, ins[t],
+                                     &outs[t]);
+      auto promise = std::make_shared<std::promise<Status>>();
+      fs.push_back(promise->get_future());
+      e.done = [promise](const Status& s) { promise->set_value(s); };
+      group.push_back(std::move(e));
+    }
+    EXPECT_TRUE(c.engines[rank]->EnqueueGroup(std::move(group)).ok());
+    for (int t = 0; t < kTensors; ++t) {
+      Status s = Await(&fs[t]);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      ASSERT_EQ(Get(DataType::kFloat32, outs[t], 15), 1.0 + 2 * t);
+    }
+  });
+  for (int r = 0; r < n; ++r) {
+    EngineStats s = c.engines[r]->stats();
+    EXPECT_EQ(s.buckets, 1) << "rank " << r;
+    EXPECT_EQ(s.fused_buckets, 1) << "rank " << r;
+  }
+}
+
 TEST(Negotiation, MismatchesFailOnEveryRank) {
   const int n = 3;
   Cluster c(n);

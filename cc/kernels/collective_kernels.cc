@@ -194,8 +194,8 @@ class GroupedAllreduceKernel : public ReducingKernel {
           group->done();
         }
       };
-      engine->Enqueue(std::move(entries[i]));
     }
+    engine->EnqueueGroup(std::move(entries));
   }
 };
 
