@@ -264,4 +264,19 @@ Status ParseResponseList(const std::string& bytes, ResponseList* list) {
   return Status::Ok();
 }
 
+void AllgatherLayout(const Response& response, int world_size,
+                     std::vector<int64_t>* bytes_per_rank, int64_t* rows,
+                     int64_t* total_bytes) {
+  const int64_t row_bytes =
+      RowElements(response.shapes[0]) * DataTypeSize(response.dtype);
+  bytes_per_rank->resize(world_size);
+  *rows = 0;
+  *total_bytes = 0;
+  for (int r = 0; r < world_size; ++r) {
+    *rows += response.first_dims[r];
+    (*bytes_per_rank)[r] = response.first_dims[r] * row_bytes;
+    *total_bytes += (*bytes_per_rank)[r];
+  }
+}
+
 }  // namespace mpistrategy

@@ -110,6 +110,13 @@ Status ParseRequestList(const std::string& bytes, RequestList* list);
 void SerializeResponseList(const ResponseList& list, std::string* out);
 Status ParseResponseList(const std::string& bytes, ResponseList* list);
 
+// The layout of an allgather's output: rank r contributes
+// (*bytes_per_rank)[r] bytes; the result has *rows rows and *total_bytes
+// bytes.  `world_size` entries of response.first_dims are read.
+void AllgatherLayout(const Response& response, int world_size,
+                     std::vector<int64_t>* bytes_per_rank, int64_t* rows,
+                     int64_t* total_bytes);
+
 }  // namespace mpistrategy
 
 #endif  // MPISTRATEGY_CC_ENGINE_MESSAGE_H_

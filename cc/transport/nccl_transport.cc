@@ -813,16 +813,9 @@ Status NcclTransport::HierarchicalAllreduce(
 Status NcclTransport::Allgather(DeviceComm* c, cudaStream_t stream,
                                 const Response& response, TensorEntry* entry,
                                 Status* entry_status) {
-  const int64_t row_bytes =
-      RowElements(response.shapes[0]) * DataTypeSize(response.dtype);
-  counts_.resize(size_);
   int64_t rows = 0;
   int64_t total_bytes = 0;
-  for (int r = 0; r < size_; ++r) {
-    rows += response.first_dims[r];
-    counts_[r] = response.first_dims[r] * row_bytes;
-    total_bytes += counts_[r];
-  }
+  AllgatherLayout(response, size_, &counts_, &rows, &total_bytes);
   void* out = nullptr;
   *entry_status =
       AllocateOutput(entry, WithFirstDim(response.shapes[0], rows), &out);
