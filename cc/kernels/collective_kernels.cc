@@ -207,13 +207,6 @@ class AllgatherKernel : public CollectiveKernel {
     std::shared_ptr<Engine> engine = EngineOrFail(ctx, done);
     if (engine == nullptr) return;
     const Tensor& input = ctx->input(0);
-    OP_REQUIRES_ASYNC(
-        ctx, input.dims() >= 1,
-        absl::InvalidArgumentError(absl::StrCat(
-            "allgather '", tensor_name(),
-            "' needs a tensor of rank >= 1, got shape ",
-            input.shape().DebugString())),
-        done);
     TensorEntry entry;
     entry.type = CollectiveType::kAllgather;
     entry.name = tensor_name();
@@ -260,13 +253,6 @@ class ReducescatterKernel : public ReducingKernel {
     std::shared_ptr<Engine> engine = EngineOrFail(ctx, done);
     if (engine == nullptr) return;
     const Tensor& input = ctx->input(0);
-    OP_REQUIRES_ASYNC(
-        ctx, input.dims() >= 1,
-        absl::InvalidArgumentError(absl::StrCat(
-            "reducescatter '", tensor_name(),
-            "' needs a tensor of rank >= 1, got shape ",
-            input.shape().DebugString())),
-        done);
     TensorEntry entry;
     entry.type = CollectiveType::kReducescatter;
     entry.name = tensor_name();
@@ -286,13 +272,6 @@ class AlltoallKernel : public CollectiveKernel {
     if (engine == nullptr) return;
     const Tensor& input = ctx->input(0);
     const Tensor& splits = ctx->input(1);
-    OP_REQUIRES_ASYNC(
-        ctx, input.dims() >= 1,
-        absl::InvalidArgumentError(absl::StrCat(
-            "alltoall '", tensor_name(),
-            "' needs a tensor of rank >= 1, got shape ",
-            input.shape().DebugString())),
-        done);
     OP_REQUIRES_ASYNC(
         ctx, splits.dims() == 1,
         absl::InvalidArgumentError(absl::StrCat(

@@ -326,13 +326,6 @@ class AllgatherGpuKernel : public GpuCollectiveKernel {
     std::shared_ptr<Engine> engine = EngineOrFail(ctx, done);
     if (engine == nullptr) return;
     const Tensor& input = ctx->input(0);
-    OP_REQUIRES_ASYNC(
-        ctx, input.dims() >= 1,
-        absl::InvalidArgumentError(absl::StrCat(
-            "allgather '", tensor_name(),
-            "' needs a tensor of rank >= 1, got shape ",
-            input.shape().DebugString())),
-        done);
     OpGpu gpu;
     OP_REQUIRES_OK_ASYNC(ctx, GetGpu(ctx, &gpu), done);
     TensorEntry entry;
@@ -385,13 +378,6 @@ class ReducescatterGpuKernel : public GpuReducingKernel {
     std::shared_ptr<Engine> engine = EngineOrFail(ctx, done);
     if (engine == nullptr) return;
     const Tensor& input = ctx->input(0);
-    OP_REQUIRES_ASYNC(
-        ctx, input.dims() >= 1,
-        absl::InvalidArgumentError(absl::StrCat(
-            "reducescatter '", tensor_name(),
-            "' needs a tensor of rank >= 1, got shape ",
-            input.shape().DebugString())),
-        done);
     OpGpu gpu;
     OP_REQUIRES_OK_ASYNC(ctx, GetGpu(ctx, &gpu), done);
     TensorEntry entry;
@@ -415,13 +401,6 @@ class AlltoallGpuKernel : public GpuCollectiveKernel {
     if (engine == nullptr) return;
     const Tensor& input = ctx->input(0);
     const Tensor& splits = ctx->input(1);
-    OP_REQUIRES_ASYNC(
-        ctx, input.dims() >= 1,
-        absl::InvalidArgumentError(absl::StrCat(
-            "alltoall '", tensor_name(),
-            "' needs a tensor of rank >= 1, got shape ",
-            input.shape().DebugString())),
-        done);
     OP_REQUIRES_ASYNC(
         ctx, splits.dims() == 1,
         absl::InvalidArgumentError(absl::StrCat(
