@@ -4,12 +4,15 @@ Single-process code plus two lines (create the strategy, build in its
 scope).  Run it on any number of ranks:
 
     mpirun -np 2 python examples/keras_digits.py
+    mpirun -np 2 python examples/keras_digits.py --compression fp16
     python examples/keras_digits.py            # one process works too
 
 `batch_size` is the *global* batch: each of the N ranks trains on
 batch_size / N samples per step and the gradients are averaged, so the
 result matches one process training with the same global batch.  Rank 0
-prints the progress and the test accuracy; every rank holds the same model.
+prints the progress and, last, the line `test loss <x>  test accuracy <y>`;
+every rank holds the same model.  `--compression fp16|bf16` sends the
+gradients as 16-bit floats (`mpistrategy.MPIStrategy(compression=...)`).
 """
 
 import argparse
@@ -31,9 +34,19 @@ def main():
   parser.add_argument("--batch-size", type=int, default=64,
                       help="global batch size (all ranks together)")
   parser.add_argument("--steps-per-execution", type=int, default=4)
+  parser.add_argument("--compression", choices=["none", "fp16", "bf16"],
+                      default="none",
+                      help="wire dtype of the gradients (default: float32)")
+  parser.add_argument("--seed", type=int, default=0,
+                      help="seeds weights and data order (same on all ranks)")
+  # tests/launcher tags the command lines of its jobs with a marker.
+  parser.add_argument("--marker", default="", help=argparse.SUPPRESS)
   args = parser.parse_args()
 
-  strategy = mpistrategy.MPIStrategy()
+  # Before the strategy: it broadcasts a seed drawn from rank 0's numpy
+  # generator, which this makes reproducible too.
+  keras.utils.set_random_seed(args.seed)
+  strategy = mpistrategy.MPIStrategy(compression=args.compression)
   chief = mpistrategy.rank() == 0
 
   x, y = load_digits(return_X_y=True)
@@ -57,7 +70,7 @@ def main():
   if chief:
     print(f"MPIStrategy: {mpistrategy.size()} ranks, "
           f"{strategy.num_replicas_in_sync} replicas, global batch "
-          f"{args.batch_size}", flush=True)
+          f"{args.batch_size}, compression {args.compression}", flush=True)
   model.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs,
             validation_split=0.1, verbose=2)
   loss, accuracy = model.evaluate(x_test, y_test, batch_size=args.batch_size,

@@ -12,6 +12,7 @@ ops (`mpistrategy.ops`) can also be used without the strategy.
 """
 
 from mpistrategy import ops
+from mpistrategy.compression import Compression
 from mpistrategy.ops.mpi_ops import current_options
 from mpistrategy.ops.mpi_ops import init
 from mpistrategy.ops.mpi_ops import is_initialized
@@ -25,7 +26,7 @@ from mpistrategy.options import Options
 __all__ = [
     "init", "shutdown", "is_initialized", "current_options", "rank", "size",
     "local_rank", "local_size", "Options", "ops", "MPIStrategy",
-    "cross_device_ops",
+    "cross_device_ops", "Compression",
 ]
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from mpistrategy import _tf_private as _tfp
+from mpistrategy import compression as compression_lib
 from mpistrategy import gpu
 from mpistrategy.cross_device_ops import mpi_all_reduce
 from mpistrategy.cross_device_ops import nccl_all_reduce
@@ -115,7 +116,7 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
 
   # pylint: disable=super-init-not-called,protected-access
   def __init__(self, container_strategy, cross_device_ops,
-               communication_options):
+               communication_options, compression=None):
     _tfp.distribute_lib.StrategyExtendedV1.__init__(self, container_strategy)
     _init_engine(communication_options)
     rt = _runtime()
@@ -143,15 +144,24 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
     if cross_device_ops is None:
       if (communication_options.implementation ==
           _tfp.CommunicationImplementation.NCCL):
-        cross_device_ops = nccl_all_reduce.NcclAllReduce(communication_options)
+        cross_device_ops = nccl_all_reduce.NcclAllReduce(
+            communication_options, compression=compression)
       else:
-        cross_device_ops = mpi_all_reduce.MPIAllReduce(communication_options)
+        cross_device_ops = mpi_all_reduce.MPIAllReduce(
+            communication_options, compression=compression)
     elif not isinstance(cross_device_ops, mpi_all_reduce.MPIAllReduce):
       raise ValueError(
           "MPIStrategy needs a cross_device_ops from "
           "mpistrategy.cross_device_ops (MPIAllReduce or NcclAllReduce); "
           f"got {type(cross_device_ops).__name__}, whose reductions would "
           "stay inside this process.")
+    elif (compression is not None and
+          compression_lib.get(compression) is not cross_device_ops.compression):
+      raise ValueError(
+          f"MPIStrategy(compression={compression!r}) differs from the "
+          f"compression of its cross_device_ops "
+          f"({cross_device_ops.compression!r}); pass it to one of them, e.g. "
+          f"{type(cross_device_ops).__name__}(compression=...).")
     self._cross_device_ops = cross_device_ops
     # Host (CPU) tensors, e.g. the end-of-data `has_value` sync, always go
     # over MPI.
@@ -159,7 +169,8 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
       self._host_cross_device_ops = mpi_all_reduce.MPIAllReduce(
           _tfp.Options(
               bytes_per_pack=communication_options.bytes_per_pack,
-              timeout_seconds=communication_options.timeout_seconds))
+              timeout_seconds=communication_options.timeout_seconds),
+          compression=cross_device_ops.compression)
     else:
       self._host_cross_device_ops = cross_device_ops
     self._collective_ops = self._cross_device_ops
@@ -312,23 +323,35 @@ class MPIStrategy(tf.distribute.MultiWorkerMirroredStrategy):
       sets the engine's fusion threshold and `timeout_seconds` its stall
       timeout (both engine-wide, applied when the engine starts);
       `implementation=NCCL` selects `NcclAllReduce`.
+    compression: optional `mpistrategy.Compression` member or "none", "fp16",
+      "bf16": float32/float64 gradients travel as float16/bfloat16 (see
+      `mpistrategy.compression`).  Applies to `ReplicaContext.all_reduce` and
+      `extended.batch_reduce_to` (gradients, synchronized batch-norm
+      statistics); `strategy.reduce`, metrics and logs stay in full
+      precision.  `None` (default) takes the `cross_device_ops`'
+      compression, which defaults to none.
 
   Raises:
-    ValueError: for invalid options, a foreign `cross_device_ops`, or
-      engine-wide options that conflict with an already running engine.
+    ValueError: for invalid options, a foreign `cross_device_ops`, an
+      unknown `compression` or one that differs from `cross_device_ops`',
+      or engine-wide options that conflict with an already running engine.
   """
 
-  def __init__(self, cross_device_ops=None, communication_options=None):
+  def __init__(self, cross_device_ops=None, communication_options=None,
+               compression=None):
     # pylint: disable=non-parent-init-called,super-init-not-called
     if communication_options is None:
       communication_options = (
           tf.distribute.experimental.CommunicationOptions())
     mpi_all_reduce.validate_communication_options(
         communication_options, "MPIStrategy")
+    if compression is not None:
+      compression_lib.get(compression, "MPIStrategy")  # fail before init
     # Skip CollectiveAllReduceStrategy.__init__: it builds a
     # TFConfigClusterResolver and a gRPC-backed extended.
     _tfp.distribute_lib.Strategy.__init__(
-        self, MPIExtended(self, cross_device_ops, communication_options))
+        self, MPIExtended(self, cross_device_ops, communication_options,
+                          compression))
     # pylint: enable=non-parent-init-called,super-init-not-called
     rank, size = self.extended._id_in_cluster, self.extended._num_workers  # pylint: disable=protected-access
     from mpistrategy import keras_compat, checkpoint  # pylint: disable=g-import-not-at-top

@@ -3,6 +3,7 @@
 import tensorflow as tf
 
 from mpistrategy import _tf_private as _tfp
+from mpistrategy import compression as compression_lib
 
 _ReduceOp = tf.distribute.ReduceOp
 
@@ -62,6 +63,14 @@ class MPIAllReduce(_tfp.CrossDeviceOps):
   * `tf.IndexedSlices` are reduced by all-gathering values and indices.
   * `broadcast` makes local copies only, like `MultiWorkerMirroredStrategy`:
     values handed to it are already identical on every process.
+  * `compression` (see `mpistrategy.compression`) applies to the all-reduces
+    of `batch_reduce` and of `ReplicaContext.all_reduce` -- the path of
+    gradients (Keras, optimizers) and of synchronized batch-norm statistics
+    -- including the values of `tf.IndexedSlices`.  `MEAN` divides before
+    compressing.  `reduce` (`strategy.reduce`, `extended.reduce_to`, reading
+    `SyncOnRead` variables such as metric totals and counts, Keras logs) and
+    `gather` stay in full precision: those values are few, and counters
+    routinely exceed float16's range.
 
   Example:
 
@@ -76,12 +85,16 @@ class MPIAllReduce(_tfp.CrossDeviceOps):
     options: optional `tf.distribute.experimental.CommunicationOptions`;
       defaults for every call.  `implementation=NCCL` is rejected (use
       `NcclAllReduce`).
+    compression: optional `mpistrategy.Compression` member or "none"
+      (default), "fp16", "bf16": the wire dtype of float32/float64 values in
+      `batch_reduce` and replica-context all-reduces.
 
   Raises:
-    ValueError: if `options` is invalid or asks for NCCL.
+    ValueError: if `options` is invalid or asks for NCCL, or `compression`
+      is unknown.
   """
 
-  def __init__(self, options=None):
+  def __init__(self, options=None, compression=None):
     super().__init__()
     if options is None:
       options = tf.distribute.experimental.CommunicationOptions()
@@ -92,9 +105,15 @@ class MPIAllReduce(_tfp.CrossDeviceOps):
           "implementation=NCCL) needs mpistrategy.cross_device_ops."
           "NcclAllReduce (GPU tensors and the CUDA build).")
     self._options = options
+    self._compression = compression_lib.get(compression, "MPIAllReduce")
     rt = _runtime()
     rt.init()
     self._world_size = rt.size()
+
+  @property
+  def compression(self):
+    """The `mpistrategy.compression.Compressor` of the gradient path."""
+    return self._compression
 
   @property
   def _num_between_graph_workers(self):
@@ -141,16 +160,18 @@ class MPIAllReduce(_tfp.CrossDeviceOps):
     with tf.device(values[0].device):
       return tf.math.add_n(list(values))
 
-  def _all_reduce_list(self, reduce_op, tensors, group_size):
+  def _all_reduce_list(self, reduce_op, tensors, group_size, compressor):
     """All-reduces a flat list of local tensors / `tf.IndexedSlices`.
 
     Args:
       reduce_op: `tf.distribute.ReduceOp.SUM` or `MEAN`.
       tensors: list of `tf.Tensor` or `tf.IndexedSlices`, one per value.
       group_size: global number of replicas (the `MEAN` divisor).
+      compressor: the `mpistrategy.compression.Compressor` for the wire.
 
     Returns:
-      A list of the same length with the reduced values.
+      A list of the same length with the reduced values, each of its input's
+      dtype.
     """
     ops = _ops()
     results = [None] * len(tensors)
@@ -163,16 +184,24 @@ class MPIAllReduce(_tfp.CrossDeviceOps):
         t = tensors[i]
         with tf.device(t.device):
           if isinstance(t, tf.IndexedSlices):
-            values = ops.allgather(t.values)
+            # A gather adds nothing up, so MEAN can divide afterwards.
+            wire, context = compressor.compress(t.values)
+            values = compressor.decompress(ops.allgather(wire), context)
             indices = ops.allgather(t.indices)
             if reduce_op == _ReduceOp.MEAN:
               values = values / group_size
             results[i] = tf.IndexedSlices(values, indices, t.dense_shape)
           else:
             t = tf.convert_to_tensor(t)
-            r = ops.allreduce(t, op=ops.Sum)
-            if reduce_op == _ReduceOp.MEAN:
-              r = r / group_size  # ints -> float, as in CollectiveAllReduce
+            if (reduce_op == _ReduceOp.MEAN and
+                compressor.compresses(t.dtype)):
+              # Divide before the 16-bit cast (see mpistrategy.compression).
+              r = ops.allreduce(t / group_size, op=ops.Sum,
+                                compression=compressor)
+            else:
+              r = ops.allreduce(t, op=ops.Sum, compression=compressor)
+              if reduce_op == _ReduceOp.MEAN:
+                r = r / group_size  # ints -> float, as in CollectiveAllReduce
             results[i] = r
     return results
 
@@ -214,8 +243,10 @@ class MPIAllReduce(_tfp.CrossDeviceOps):
     self._check_call_options(options)
     _tfp.values_util.mark_as_unsaveable()
     local = per_replica_value.values
+    # Not compressed: see the class docstring.
     reduced = self._all_reduce_list(
-        reduce_op, [self._local_sum(local)], self._group_size(len(local)))[0]
+        reduce_op, [self._local_sum(local)], self._group_size(len(local)),
+        compression_lib.Compression.none)[0]
     return self._to_destinations(reduced, destinations)
 
   def batch_reduce_implementation(self, reduce_op, value_destination_pairs,
@@ -241,7 +272,7 @@ class MPIAllReduce(_tfp.CrossDeviceOps):
     reduced = self._all_reduce_list(
         reduce_op,
         [self._local_sum(v.values) for v, _ in value_destination_pairs],
-        self._group_size(num_local))
+        self._group_size(num_local), self._compression)
     return [self._to_destinations(r, d)
             for r, (_, d) in zip(reduced, value_destination_pairs)]
 
@@ -314,7 +345,8 @@ class MPIAllReduce(_tfp.CrossDeviceOps):
     del replica_id
     self._check_call_options(options)
     flat = tf.nest.flatten(value, expand_composites=False)
-    reduced = self._all_reduce_list(reduce_op, flat, self._group_size(1))
+    reduced = self._all_reduce_list(reduce_op, flat, self._group_size(1),
+                                    self._compression)
     return tf.nest.pack_sequence_as(value, reduced)
 
   def __deepcopy__(self, memo):

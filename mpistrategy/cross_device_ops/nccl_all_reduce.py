@@ -2,6 +2,7 @@
 
 import tensorflow as tf
 
+from mpistrategy import compression as compression_lib
 from mpistrategy.cross_device_ops import mpi_all_reduce
 
 
@@ -23,13 +24,18 @@ class NcclAllReduce(mpi_all_reduce.MPIAllReduce):
 
   Args:
     options: optional `tf.distribute.experimental.CommunicationOptions`.
+    compression: optional `mpistrategy.Compression` member or "none"
+      (default), "fp16", "bf16"; as for `MPIAllReduce`.
 
   Raises:
-    ValueError: if no GPU is visible to this process.
+    ValueError: if no GPU is visible to this process, or `compression` is
+      unknown.
     NotImplementedError: if the op library was built without CUDA.
   """
 
-  def __init__(self, options=None):  # pylint: disable=super-init-not-called
+  def __init__(self, options=None, compression=None):  # pylint: disable=super-init-not-called
+    # Checked first: a typo should not be reported as a missing GPU.
+    compressor = compression_lib.get(compression, "NcclAllReduce")
     if not tf.config.list_logical_devices("GPU"):
       raise ValueError(
           "NcclAllReduce needs GPU tensors and the CUDA build of mpistrategy; "
@@ -45,6 +51,7 @@ class NcclAllReduce(mpi_all_reduce.MPIAllReduce):
     mpi_all_reduce.validate_communication_options(options, "NcclAllReduce")
     tf.distribute.CrossDeviceOps.__init__(self)
     self._options = options
+    self._compression = compressor
     rt = mpi_all_reduce._runtime()  # pylint: disable=protected-access
     rt.init()
     self._world_size = rt.size()

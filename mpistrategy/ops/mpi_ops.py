@@ -34,6 +34,7 @@ import tensorflow as tf
 # TODO(lead): move this private import to mpistrategy/_tf_private.py.
 from tensorflow.python.framework import auto_control_deps as _acd  # pylint: disable=g-direct-tensorflow-import
 
+from mpistrategy import compression as compression_lib
 from mpistrategy.ops import _library
 from mpistrategy.options import Options
 
@@ -382,8 +383,14 @@ def _graph_path(graph):
 
 
 @tf.autograph.experimental.do_not_convert
-def allreduce(tensor, op=Sum, name=None):
+def allreduce(tensor, op=Sum, name=None, compression=None):
   """Reduces `tensor` element-wise across all ranks.
+
+  With a compression such as `mpistrategy.Compression.fp16`, float32 and
+  float64 tensors travel (and are summed) as float16/bfloat16 and are cast
+  back, so the result keeps the input's dtype with the wire's precision;
+  `op=Average` then divides by the world size *before* the cast and sums.
+  Other dtypes are not compressed.  See `mpistrategy.compression`.
 
   Args:
     tensor: A `tf.Tensor` (or value convertible to one) of dtype float16,
@@ -393,28 +400,46 @@ def allreduce(tensor, op=Sum, name=None):
       `ops.Min`, `ops.Max` or `ops.Product`.  For bool, Sum/Max are logical
       or and Min/Product logical and.
     name: Pairs the collective across ranks; see the module docstring.
+    compression: `None` or "none" (default), "fp16", "bf16", or a
+      `mpistrategy.Compression` member; the same on every rank.
 
   Returns:
-    A `tf.Tensor` with the reduction, shaped like `tensor`.
+    A `tf.Tensor` with the reduction, shaped like `tensor`, of its dtype.
+    Its gradient is the allreduce of the upstream gradient with the same op
+    (and, when compressed, on the same 16-bit wire).
 
   Raises:
     TypeError: `tensor` is not convertible to a tensor of a supported dtype,
       or `name` is not a str.
-    ValueError: `op` is not one of the constants or does not suit the dtype.
-    tf.errors.FailedPreconditionError: Ranks disagree on shape, dtype or op.
+    ValueError: `op` is not one of the constants or does not suit the dtype,
+      or `compression` is unknown.
+    tf.errors.FailedPreconditionError: Ranks disagree on shape, dtype, op or
+      compression.
   """
   fn = "mpistrategy.ops.allreduce"
   tensor = _to_tensor(tensor, fn)
   op = _reduce_op(op, fn)
   _check_op_dtype(op, tensor, fn)
   _check_name(name, fn)
+  compressor = compression_lib.get(compression, fn)
   lib = _ensure_initialized()
-  return lib.ops.mpi_strategy_allreduce(
-      tensor, reduce_op=op.value, tensor_name=_tensor_name(name, "allreduce"))
+  tensor_name = _tensor_name(name, "allreduce")
+  if not compressor.compresses(tensor.dtype):
+    return lib.ops.mpi_strategy_allreduce(
+        tensor, reduce_op=op.value, tensor_name=tensor_name)
+  if op == ReduceOp.MEAN:
+    # Divide first: the wire then sums values of the mean's magnitude (a
+    # float16 sum of N inputs would overflow N times sooner).
+    tensor = tensor / tf.cast(lib.c.mpistrategy_size(), tensor.dtype)
+    op = ReduceOp.SUM
+  wire, context = compressor.compress(tensor)
+  reduced = lib.ops.mpi_strategy_allreduce(
+      wire, reduce_op=op.value, tensor_name=tensor_name)
+  return compressor.decompress(reduced, context)
 
 
 @tf.autograph.experimental.do_not_convert
-def grouped_allreduce(tensors, op=Sum, name=None):
+def grouped_allreduce(tensors, op=Sum, name=None, compression=None):
   """Reduces a list of tensors across ranks in one submission.
 
   The engine receives all of them at once and can fuse them into few
@@ -425,13 +450,18 @@ def grouped_allreduce(tensors, op=Sum, name=None):
     op: As for `allreduce`; applies to every tensor.
     name: Base name pairing the group across ranks (tensor i is paired as
       `<name>.<i>`).
+    compression: As for `allreduce`; applies to every float32/float64
+      tensor.  With `op=Average`, when at least one tensor is compressed the
+      whole group is divided by the world size first and summed (so a
+      float16 tensor in such a group is divided in float16 before the sum).
 
   Returns:
-    A list of `tf.Tensor`, one per input.
+    A list of `tf.Tensor`, one per input, each of its input's dtype.
 
   Raises:
     TypeError: `tensors` is not a list/tuple of tensor-convertible values.
-    ValueError: `op` is invalid for one of the tensors.
+    ValueError: `op` is invalid for one of the tensors, or `compression` is
+      unknown.
   """
   fn = "mpistrategy.ops.grouped_allreduce"
   if not isinstance(tensors, (list, tuple)):
@@ -443,12 +473,26 @@ def grouped_allreduce(tensors, op=Sum, name=None):
   for t in converted:
     _check_op_dtype(op, t, fn)
   _check_name(name, fn)
+  compressor = compression_lib.get(compression, fn)
   if not converted:
     return []
   lib = _ensure_initialized()
-  return list(lib.ops.mpi_strategy_grouped_allreduce(
-      converted, reduce_op=op.value,
-      tensor_name=_tensor_name(name, "grouped_allreduce")))
+  tensor_name = _tensor_name(name, "grouped_allreduce")
+  if not any(compressor.compresses(t.dtype) for t in converted):
+    return list(lib.ops.mpi_strategy_grouped_allreduce(
+        converted, reduce_op=op.value, tensor_name=tensor_name))
+  if op == ReduceOp.MEAN:
+    # One reduce op for the whole group: divide every tensor first (see
+    # `allreduce`) and sum.
+    world = lib.c.mpistrategy_size()
+    converted = [t / tf.cast(world, t.dtype) for t in converted]
+    op = ReduceOp.SUM
+  compressed = [compressor.compress(t) for t in converted]
+  reduced = lib.ops.mpi_strategy_grouped_allreduce(
+      [wire for wire, _ in compressed], reduce_op=op.value,
+      tensor_name=tensor_name)
+  return [compressor.decompress(r, context)
+          for r, (_, context) in zip(reduced, compressed)]
 
 
 @tf.autograph.experimental.do_not_convert
