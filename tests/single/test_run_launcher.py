@@ -1,0 +1,496 @@
+"""`python -m mpistrategy.run`: command construction, errors, signals, --check.
+
+Nothing here starts MPI.  The commands are built from fixed environments;
+fake `mpirun` and `srun` scripts on PATH stand in for MPICH and Slurm; the
+signal tests run shell commands in place of the launcher.
+"""
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from mpistrategy import Options
+from mpistrategy import run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+PYTHON = "/venv/bin/python"
+MPIRUN = "/usr/bin/mpirun"
+
+
+@pytest.fixture
+def script(tmp_path):
+  path = tmp_path / "train.py"
+  path.write_text("print('hello')\n")
+  return str(path)
+
+
+def _environ(**extra):
+  env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ROOT, "HOME": "/home/u",
+         "TF_CONFIG": "{}"}
+  env.update(extra)
+  return env
+
+
+def _build(argv, environ=None, launcher="mpirun", path=MPIRUN,
+           flavour="openmpi", euid=1000):
+  args = run.parse_args(argv)
+  return run.build_command(args, _environ() if environ is None else environ,
+                           launcher, path, mpi_flavour=flavour,
+                           executable=PYTHON, euid=euid)
+
+
+def _fake_bin(tmp_path, name, text):
+  """Puts an executable shell script `name` in tmp_path/bin; returns PATH."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir(exist_ok=True)
+  path = bin_dir / name
+  path.write_text("#!/bin/sh\n" + text)
+  path.chmod(0o755)
+  return f"{bin_dir}:/usr/bin:/bin"
+
+
+def _main(monkeypatch, capsys, argv, **environ):
+  """main(argv) with os.environ set to `environ`; (code, stdout, stderr)."""
+  for name in list(os.environ):
+    if name.startswith(("MPISTRATEGY_", "SLURM_")):
+      monkeypatch.delenv(name)
+  for name, value in environ.items():
+    monkeypatch.setenv(name, value)
+  code = run.main(argv)
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+# --- Open MPI ----------------------------------------------------------------
+
+
+def test_openmpi_command(script):
+  environ = _environ(LD_LIBRARY_PATH="/opt/lib", NCCL_DEBUG="INFO",
+                     CUDA_VISIBLE_DEVICES="0,1", TF_CPP_MIN_LOG_LEVEL="2",
+                     MPISTRATEGY_CYCLE_TIME_MS="5", OMPI_MCA_btl="self")
+  command = _build(["-np", "4", "--stall-warning-seconds", "7", script,
+                    "--epochs", "3"], environ)
+  assert command.launcher == "mpirun"
+  assert command.argv == [
+      MPIRUN, "-np", "4", "--bind-to", "none", "--map-by", "slot",
+      "-x", "CUDA_VISIBLE_DEVICES", "-x", "LD_LIBRARY_PATH",
+      "-x", "MPISTRATEGY_CYCLE_TIME_MS",
+      "-x", "MPISTRATEGY_STALL_WARNING_SECONDS=7.0",
+      "-x", "NCCL_DEBUG", "-x", "PATH", "-x", "PYTHONPATH",
+      "-x", "TF_CPP_MIN_LOG_LEVEL",
+      PYTHON, script, "--epochs", "3"]
+  # The flag's value is also in the environment mpirun runs with.
+  assert command.env["MPISTRATEGY_STALL_WARNING_SECONDS"] == "7.0"
+  assert command.env["MPISTRATEGY_CYCLE_TIME_MS"] == "5"
+  assert command.notes == []
+
+
+def test_flag_overrides_the_same_variable_in_the_environment(script):
+  command = _build(["-np", "2", "--stall-warning-seconds", "7", script],
+                   _environ(MPISTRATEGY_STALL_WARNING_SECONDS="3"))
+  assert "MPISTRATEGY_STALL_WARNING_SECONDS=7.0" in command.argv
+  assert "MPISTRATEGY_STALL_WARNING_SECONDS" not in command.argv
+  assert command.env["MPISTRATEGY_STALL_WARNING_SECONDS"] == "7.0"
+
+
+def test_hosts_and_hostfile(script, tmp_path):
+  command = _build(["-np", "4", "-H", "host1:2,host2:2", script])
+  i = command.argv.index("-H")
+  assert command.argv[i + 1] == "host1:2,host2:2"
+
+  hostfile = tmp_path / "hosts"
+  hostfile.write_text("host1 slots=2\nhost2 slots=2\n")
+  command = _build(["-np", "4", "--hostfile", str(hostfile), script])
+  i = command.argv.index("--hostfile")
+  assert command.argv[i + 1] == str(hostfile)
+  assert "-H" not in command.argv
+
+
+def test_mpi_args_are_split_and_win_over_defaults(script):
+  command = _build(["-np", "2", "--mpi-args", "--mca btl tcp,self",
+                    "--mpi-args=--bind-to core", script])
+  argv = command.argv
+  assert argv[argv.index("--mca"):argv.index(PYTHON)] == [
+      "--mca", "btl", "tcp,self", "--bind-to", "core"]
+  assert argv.count("--bind-to") == 1
+  assert "--map-by" in argv
+
+
+def test_script_arguments_are_not_parsed(script):
+  args = run.parse_args(["-np", "2", script, "--mpi-args", "x", "-np", "9",
+                         "--verbose"])
+  assert args.num_proc == 2
+  assert args.mpi_args == []
+  assert not args.verbose
+  assert args.command == [script, "--mpi-args", "x", "-np", "9", "--verbose"]
+  args = run.parse_args(["-np", "2", "--", script, "-x"])
+  assert args.command == [script, "-x"]
+
+
+def test_program_on_path_is_run_as_given(script):
+  command = _build(["-np", "2", "sh", "-c", "true"])
+  assert command.argv[-3:] == ["sh", "-c", "true"]
+  assert PYTHON not in command.argv
+
+
+def test_checkout_goes_on_pythonpath_for_the_ranks(script):
+  environ = _environ()
+  del environ["PYTHONPATH"]
+  command = _build(["-np", "2", script], environ)
+  assert f"PYTHONPATH={ROOT}" in command.argv
+  assert command.env["PYTHONPATH"] == ROOT
+  environ["PYTHONPATH"] = "/other"
+  command = _build(["-np", "2", script], environ)
+  assert f"PYTHONPATH={ROOT}{os.pathsep}/other" in command.argv
+
+
+def test_root_hint_instead_of_allow_run_as_root(script):
+  command = _build(["-np", "2", script], euid=0)
+  assert "--allow-run-as-root" not in command.argv
+  assert any("OMPI_ALLOW_RUN_AS_ROOT=1" in n for n in command.notes), \
+      command.notes
+  command = _build(["-np", "2", script], euid=0, environ=_environ(
+      OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"))
+  assert "--allow-run-as-root" not in command.argv
+  assert command.notes == []
+
+
+# --- engine option flags -------------------------------------------------------
+
+
+def test_every_options_field_has_a_flag(script):
+  """Flags come from dataclasses.fields(Options), new fields included."""
+  for field in dataclasses.fields(Options):
+    flag = "--" + field.name.replace("_", "-")
+    variable = "MPISTRATEGY_" + field.name.upper()
+    default = getattr(Options(), field.name)
+    if isinstance(default, bool):
+      on = _build(["-np", "1", flag, script])
+      off = _build(["-np", "1", "--no-" + flag[2:], script])
+      assert f"{variable}=1" in on.argv, (flag, on.argv)
+      assert f"{variable}=0" in off.argv, (flag, off.argv)
+    else:
+      value = str(default) if default != "" else "/tmp/out.json"
+      command = _build(["-np", "1", flag, value, script])
+      assert command.env[variable] == value, (flag, command.env[variable])
+      assert f"{variable}={value}" in command.argv, (flag, command.argv)
+
+
+def test_option_flag_values_parse_like_the_environment(script):
+  options = Options.from_env(environ=_build(
+      ["-np", "1", "--fusion-threshold-bytes", "1024", "--cycle-time-ms",
+       "2.5", "--hierarchical-allreduce", "--no-abort-on-exception",
+       "--timeline", "/tmp/t.json", script]).env)
+  assert options.fusion_threshold_bytes == 1024
+  assert options.cycle_time_ms == 2.5
+  assert options.hierarchical_allreduce is True
+  assert options.abort_on_exception is False
+  assert options.timeline == "/tmp/t.json"
+
+
+@pytest.mark.parametrize("argv, patterns", [
+    (["--cycle-time-ms", "0"],
+     ["--cycle-time-ms", "Options.cycle_time_ms", "> 0", "0.0"]),
+    (["--fusion-threshold-bytes", "abc"],
+     ["--fusion-threshold-bytes", "'abc'", "not an integer"]),
+    (["--cache-capacity", "-1"],
+     ["--cache-capacity", "Options.cache_capacity", ">= 0"]),
+    (["--stall-timeout-seconds", "soon"],
+     ["--stall-timeout-seconds", "'soon'", "not a number"]),
+])
+def test_bad_option_values_name_the_flag(script, argv, patterns):
+  with pytest.raises(ValueError) as info:
+    _build(["-np", "2", *argv, script])
+  for pattern in patterns:
+    assert pattern in str(info.value), str(info.value)
+
+
+def test_bad_option_value_in_the_environment_is_caught_first(script):
+  with pytest.raises(ValueError) as info:
+    _build(["-np", "2", script],
+           _environ(MPISTRATEGY_STALL_TIMEOUT_SECONDS="-1"))
+  assert "MPISTRATEGY_STALL_TIMEOUT_SECONDS" in str(info.value)
+  assert ">= 0" in str(info.value)
+
+
+def test_unknown_mpistrategy_variable_is_a_warning(script):
+  command = _build(["-np", "2", script],
+                   _environ(MPISTRATEGY_CYCLE_TIME="5"))
+  assert any("MPISTRATEGY_CYCLE_TIME" in n and n.startswith("warning:")
+             for n in command.notes), command.notes
+
+
+# --- bad input through main() -----------------------------------------------
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-np", "0", "{script}"], "-np/--num-proc must be a positive integer, "
+     "got 0"),
+    (["{script}"], "-np/--num-proc is required"),
+    (["-np", "2", "no_such_script.py"], "no_such_script.py: no such file"),
+    (["-np", "2"], "no script given"),
+    (["-np", "2", "-H", "host1:0", "{script}"], "-H/--hosts: 'host1:0'"),
+    (["-np", "2", "-H", "a:1", "--hostfile", "{script}", "{script}"],
+     "give either -H/--hosts or --hostfile, not both"),
+    (["-np", "2", "--hostfile", "/no/such/hosts", "{script}"],
+     "--hostfile /no/such/hosts: no such file"),
+    (["-np", "2", "--cycle-time-ms", "-1", "{script}"], "--cycle-time-ms"),
+])
+def test_bad_input_fails_before_launching(monkeypatch, capsys, script, argv,
+                                          message):
+  argv = [a.replace("{script}", script) for a in argv]
+  code, out, err = _main(monkeypatch, capsys, ["--dry-run"] + argv,
+                         PATH="/usr/bin:/bin")
+  assert code == 2, (out, err)
+  assert out == ""
+  assert f"mpistrategy.run: error: {message}" in err, err
+
+
+def test_unparsable_arguments_exit_2(monkeypatch, capsys, script):
+  code, _, err = _main(monkeypatch, capsys, ["-np", "two", script])
+  assert code == 2
+  assert "-np/--num-proc: invalid int value: 'two'" in err, err
+
+
+def test_missing_launcher_is_reported(monkeypatch, capsys, script, tmp_path):
+  code, _, err = _main(monkeypatch, capsys, ["-np", "2", script],
+                       PATH=str(tmp_path))
+  assert code == 1
+  assert "mpirun (or mpiexec) not found on PATH" in err, err
+
+
+# --- launcher selection: Slurm, MPICH -----------------------------------------
+
+
+def test_srun_inside_a_slurm_allocation(monkeypatch, capsys, tmp_path,
+                                        script):
+  path = _fake_bin(tmp_path, "srun", "exit 0\n")
+  code, out, err = _main(
+      monkeypatch, capsys, ["-np", "4", "-H", "node1:2,node2:2",
+                            "--stall-warning-seconds", "7", "--dry-run",
+                            script, "--epochs", "3"],
+      PATH=path, SLURM_JOB_ID="1234", MPISTRATEGY_CYCLE_TIME_MS="5")
+  assert code == 0, err
+  argv = out.strip().split()
+  assert argv[:6] == [
+      str(tmp_path / "bin" / "srun"), "--ntasks=4", "--nodes=2",
+      "--nodelist=node1,node2", "--ntasks-per-node=2",
+      "--kill-on-bad-exit=1"], argv
+  assert "--export=ALL,MPISTRATEGY_STALL_WARNING_SECONDS=7.0" in argv[6]
+  assert argv[-3:] == [script, "--epochs", "3"]
+  assert argv[-4] == sys.executable
+
+
+def test_srun_is_only_picked_in_an_allocation(tmp_path):
+  path = _fake_bin(tmp_path, "srun", "exit 0\n")
+  assert run.find_launcher("auto", {"PATH": path})[0] == "mpirun"
+  assert run.find_launcher("auto", {"PATH": path, "SLURM_JOB_ID": "1"}) == (
+      "srun", str(tmp_path / "bin" / "srun"))
+  assert run.find_launcher("mpirun", {"PATH": path,
+                                      "SLURM_JOB_ID": "1"})[0] == "mpirun"
+  # In an allocation without srun on PATH: mpirun.
+  assert run.find_launcher("auto", {"PATH": "/usr/bin:/bin",
+                                    "SLURM_JOB_ID": "1"})[0] == "mpirun"
+  with pytest.raises(ValueError, match="srun not found on PATH"):
+    run.find_launcher("srun", {"PATH": str(tmp_path)})
+
+
+def test_srun_rejects_what_it_cannot_express(script, tmp_path):
+  with pytest.raises(ValueError, match="different numbers of tasks per host"):
+    _build(["-np", "3", "-H", "a:2,b:1", script], launcher="srun",
+           path="/usr/bin/srun")
+  hostfile = tmp_path / "hosts"
+  hostfile.write_text("a\n")
+  with pytest.raises(ValueError, match="--hostfile is for mpirun"):
+    _build(["-np", "3", "--hostfile", str(hostfile), script],
+           launcher="srun", path="/usr/bin/srun")
+
+
+def test_mpich_flavour_from_a_fake_mpirun(monkeypatch, capsys, tmp_path,
+                                          script):
+  path = _fake_bin(tmp_path, "mpirun",
+                   'if [ "$1" = --version ]; then\n'
+                   '  echo "HYDRA build details:"\n'
+                   '  echo "    Version:                                 '
+                   '4.1.2"\nfi\n')
+  assert run.detect_mpi_flavour(str(tmp_path / "bin" / "mpirun"),
+                                {"PATH": path}) == "mpich"
+  code, out, err = _main(
+      monkeypatch, capsys, ["-np", "4", "-H", "h1:2,h2:2", "--cycle-time-ms",
+                            "5", "--dry-run", script], PATH=path)
+  assert code == 0, err
+  argv = out.strip().split()
+  assert argv[:8] == [str(tmp_path / "bin" / "mpirun"), "-np", "4", "-hosts",
+                      "h1:2,h2:2", "-genv", "MPISTRATEGY_CYCLE_TIME_MS",
+                      "5.0"], argv
+  assert "-x" not in argv and "--bind-to" not in argv, argv
+  assert argv[-2:] == [sys.executable, script]
+
+
+def test_unrecognised_mpirun_gets_open_mpi_flags_and_a_note(
+    monkeypatch, capsys, tmp_path, script):
+  path = _fake_bin(tmp_path, "mpirun", "echo 'some MPI 1.0'\n")
+  code, out, err = _main(monkeypatch, capsys,
+                         ["-np", "2", "--dry-run", script], PATH=path)
+  assert code == 0, err
+  assert "-x PATH" in out
+  assert "could not tell which MPI" in err, err
+
+
+def test_openmpi_is_detected():
+  if not os.path.exists(MPIRUN):
+    pytest.skip("no /usr/bin/mpirun")
+  assert run.detect_mpi_flavour(MPIRUN, dict(os.environ)) == "openmpi"
+
+
+def test_dry_run_prints_one_shell_quoted_line(monkeypatch, capsys, tmp_path,
+                                              script):
+  path = _fake_bin(tmp_path, "mpirun", "echo 'mpirun (Open MPI) 4.1.4'\n")
+  code, out, err = _main(monkeypatch, capsys,
+                         ["-np", "2", "--dry-run", script, "a b", "it's"],
+                         PATH=path)
+  assert code == 0, err
+  assert out.count("\n") == 1
+  assert out.rstrip().endswith("'a b' 'it'\"'\"'s'"), out
+  assert "mpistrategy.run: " not in out
+
+
+# --- running: exit status and signals -----------------------------------------
+
+
+def _command(shell, launcher="mpirun"):
+  return run.Command(argv=["sh", "-c", shell], env=dict(os.environ),
+                     launcher=launcher)
+
+
+def _signal_self_when(path, signum, timeout=30):
+  """Sends `signum` to this process once `path` exists (a thread)."""
+  def wait_and_signal():
+    deadline = time.time() + timeout
+    while not os.path.exists(path) and time.time() < deadline:
+      time.sleep(0.05)
+    time.sleep(0.2)
+    os.kill(os.getpid(), signum)
+  thread = threading.Thread(target=wait_and_signal, daemon=True)
+  thread.start()
+  return thread
+
+
+def _alive(pid):
+  try:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except (OSError, IndexError):
+    return False
+
+
+@pytest.mark.timeout(60)
+def test_exit_status_is_the_commands():
+  assert run.run(_command("exit 3")) == 3
+  assert run.run(_command("exit 0")) == 0
+  assert run.run(_command("kill -SEGV $$")) == 128 + signal.SIGSEGV
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_is_forwarded(tmp_path):
+  ready = tmp_path / "ready"
+  thread = _signal_self_when(str(ready), signal.SIGTERM)
+  start = time.time()
+  code = run.run(_command(
+      f"trap 'exit 7' TERM; touch {ready}; while :; do sleep 0.1; done"))
+  thread.join()
+  assert code == 128 + signal.SIGTERM
+  assert time.time() - start < 20
+
+
+@pytest.mark.timeout(60)
+def test_job_that_ignores_signals_is_killed_after_the_grace_period(tmp_path):
+  """Including a process in its own process group (as mpirun's ranks are)."""
+  ready = tmp_path / "ready"
+  grandchild = (
+      f"{sys.executable} -c \"import os, signal, time; os.setpgid(0, 0); "
+      "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+      f"open('{tmp_path}/pid', 'w').write(str(os.getpid())); "
+      f"open('{ready}', 'w').close(); time.sleep(60)\"")
+  thread = _signal_self_when(str(ready), signal.SIGTERM)
+  start = time.time()
+  code = run.run(_command(f"trap '' TERM; {grandchild} & wait; sleep 60"),
+                 kill_after=1.0)
+  thread.join()
+  assert code == 128 + signal.SIGKILL
+  assert time.time() - start < 20
+  pid = int((tmp_path / "pid").read_text())
+  deadline = time.time() + 5
+  while _alive(pid) and time.time() < deadline:
+    time.sleep(0.1)
+  assert not _alive(pid), "the process in its own group survived"
+
+
+@pytest.mark.timeout(60)
+def test_sigint_to_srun_is_sent_twice(tmp_path):
+  """srun needs two SIGINTs within a second to end the step."""
+  ready, log = tmp_path / "ready", tmp_path / "log"
+  thread = _signal_self_when(str(ready), signal.SIGINT)
+  code = run.run(_command(
+      f"n=0; trap 'n=$((n+1)); echo int >> {log}; [ $n -ge 2 ] && exit 1' "
+      f"INT; touch {ready}; while :; do sleep 0.05; done", launcher="srun"))
+  thread.join()
+  assert code == 128 + signal.SIGINT
+  assert log.read_text().split() == ["int", "int"]
+
+
+# --- --check ------------------------------------------------------------------
+
+
+@pytest.mark.timeout(240)
+def test_check_reports_the_build():
+  env = dict(os.environ)
+  env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"]
+                              if env.get("PYTHONPATH") else "")
+  env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+  env["CUDA_VISIBLE_DEVICES"] = ""
+  out = subprocess.run([sys.executable, "-m", "mpistrategy.run", "--check"],
+                       env=env, cwd=ROOT, capture_output=True, text=True,
+                       timeout=200, check=False, stdin=subprocess.DEVNULL)
+  text = out.stdout
+  assert out.returncode == 0, out.stdout + out.stderr
+  lines = text.splitlines()
+  def line(prefix):
+    found = [l for l in lines if l[4:].startswith(prefix)]
+    assert len(found) == 1, f"no single {prefix!r} line in:\n{text}"
+    assert found[0][:4] in ("[X] ", "[ ] ", "[?] "), found[0]
+    return found[0]
+  assert line("mpistrategy ").startswith("[X]")
+  assert line("TensorFlow ").startswith("[X]")
+  library = line("op library loads: ")
+  assert library.startswith("[X]") and library.endswith("_mpi_ops.so"), \
+      library
+  line("CUDA kernels built")
+  line("NCCL built")
+  mpi = line("MPI library: ")
+  assert mpi.startswith("[X]"), mpi
+  line("MPI_THREAD_MULTIPLE")
+  gpus = line("GPUs visible to TensorFlow: ")
+  assert gpus.startswith("[ ] GPUs visible to TensorFlow: 0"), gpus
+  line("mpirun: ")
+  line("srun: ")
+
+
+def test_check_fails_when_the_op_library_does_not_load(monkeypatch, capsys):
+  from mpistrategy.ops import _library  # pylint: disable=g-import-not-at-top
+
+  def not_built():
+    raise ImportError("_mpi_ops.so was not found (test)")
+
+  monkeypatch.setattr(_library, "load", not_built)
+  assert run.check(dict(os.environ)) == 1
+  out = capsys.readouterr().out
+  assert "[ ] op library: _mpi_ops.so was not found (test)" in out, out
+  assert "[?] CUDA kernels built: unknown" in out, out
