@@ -34,7 +34,12 @@ struct EngineConfig {
   // submitted it.  0 (the default) waits forever, as MPI does.
   double stall_timeout_seconds = 0.0;
 
-  // Chrome-trace JSON written by rank 0's engine; empty disables it.
+  // Chrome-trace JSON (chrome://tracing, Perfetto) written by rank 0's
+  // engine: per-tensor negotiation, queue, copy and collective spans and one
+  // span per cycle (timeline.h).  When the path contains "{rank}", every rank
+  // writes its own file with "{rank}" replaced by its rank.  Empty disables
+  // it.  Engine::Create fails with InvalidArgument when the file cannot be
+  // created.
   std::string timeline_path;
 
   // GPU tensors: NCCL inside a node, MPI between nodes.

@@ -28,6 +28,7 @@
 #include "cc/engine/negotiator.h"
 #include "cc/engine/response_cache.h"
 #include "cc/engine/stall_inspector.h"
+#include "cc/engine/timeline.h"
 
 namespace mpistrategy {
 
@@ -175,7 +176,10 @@ Request MakeRequest(const TensorEntry& e, int rank, int size) {
 
 class Engine::Impl {
  public:
-  Impl(const EngineConfig& config, std::unique_ptr<Transport> transport);
+  // Args:
+  //   timeline: this rank's timeline (timeline.h), or null.
+  Impl(const EngineConfig& config, std::unique_ptr<Transport> transport,
+       std::unique_ptr<Timeline> timeline);
   ~Impl();
 
   void Start() { thread_ = std::thread([this] { Loop(); }); }
@@ -191,6 +195,8 @@ class Engine::Impl {
   const std::unique_ptr<Transport> transport_;
   const int rank_;
   const int size_;
+  // Declared before executor_, which points to it.
+  const std::unique_ptr<Timeline> timeline_;
 
  private:
   using PendingIter = std::list<PendingEntry>::iterator;
@@ -206,6 +212,17 @@ class Engine::Impl {
   // Makes `suffix` the sticky error (unless one is set) and returns false.
   bool Fatal(StatusCode code, const std::string& suffix);
   Status StickyStatusFor(const std::string& name) const;  // requires mu_
+
+  // ---- timeline hooks (timeline.h); callers check timeline_ != nullptr ----
+  // Times are clock_() values: SteadyClockSeconds, the Timeline's clock.
+  // REQUEST instants on the coordinator: `rank` announced `list` this cycle.
+  void TraceRequests(int rank, const RequestList& list, double at);
+  // NEGOTIATE: from Enqueue until the response for `p` was known.
+  void TraceNegotiated(const PendingEntry& p, double responded,
+                       const Response& response);
+  // The cycle's span, when it ran anything.
+  void TraceCycle(int64_t tensors, int64_t errors, int64_t buckets,
+                  int64_t fused_buckets, int64_t bytes);
 
   // ---- shared, guarded by mu_ ------------------------------------------
   mutable std::mutex mu_;
@@ -239,6 +256,9 @@ class Engine::Impl {
   std::vector<Status> bucket_status_;
   std::string bytes_;
   std::vector<std::string> gathered_;
+  // Timeline only: when the current cycle started, and its path.
+  double trace_cycle_start_ = 0.0;
+  bool trace_slow_cycle_ = false;
 
   std::atomic<int64_t> cycles_{0};
   std::atomic<int64_t> slow_cycles_{0};
@@ -251,13 +271,16 @@ class Engine::Impl {
 };
 
 Engine::Impl::Impl(const EngineConfig& config,
-                   std::unique_ptr<Transport> transport)
+                   std::unique_ptr<Transport> transport,
+                   std::unique_ptr<Timeline> timeline)
     : config_(config),
       transport_(std::move(transport)),
       rank_(transport_->rank()),
       size_(transport_->size()),
+      timeline_(std::move(timeline)),
       cache_(config.cache_capacity),
-      executor_(transport_.get(), config.hierarchical_allreduce),
+      executor_(transport_.get(), config.hierarchical_allreduce,
+                timeline_.get()),
       clock_(SteadyClockSeconds) {
   StallInspector stall(config.stall_warning_seconds,
                        config.stall_timeout_seconds);
@@ -436,6 +459,10 @@ bool Engine::Impl::RunCycle() {
 
   // Step 1: flags and cache bits.
   const double now = clock_();
+  if (timeline_ != nullptr) {
+    trace_cycle_start_ = now;
+    trace_slow_cycle_ = false;
+  }
   bits_.assign(1 + (cache_.size() + 63) / 64, 0);
   uint64_t flags = kAllFlagsClear;
   for (PendingEntry& p : pending_) {
@@ -481,6 +508,7 @@ bool Engine::Impl::RunCycle() {
 bool Engine::Impl::SlowPath(bool want_shutdown,
                             const std::string& shutdown_reason) {
   ++slow_cycles_;
+  if (timeline_ != nullptr) trace_slow_cycle_ = true;
   // Step 3: announce everything not yet announced.
   RequestList mine;
   for (PendingEntry& p : pending_) {
@@ -509,6 +537,7 @@ bool Engine::Impl::SlowPath(bool want_shutdown,
         theirs.shutdown = true;
         theirs.shutdown_reason = parsed.message();
       }
+      if (timeline_ != nullptr) TraceRequests(r, theirs, clock_());
       negotiator_->AddRequestList(r, theirs);
     }
     std::vector<std::string> warnings;
@@ -555,6 +584,8 @@ bool Engine::Impl::ExecuteResponses(
   ok_responses_.clear();
   ok_entries_.clear();
   ok_bytes_.clear();
+  const double responded = timeline_ != nullptr ? clock_() : 0.0;
+  int64_t traced_errors = 0;
   for (const Response* r : responses) {
     if (r->type == ResponseType::kError) {
       const bool for_me =
@@ -567,6 +598,10 @@ bool Engine::Impl::ExecuteResponses(
         // Only an announced entry is the one the coordinator judged; a rank
         // that never announced the name ignores the error.
         if (it == by_name_.end() || !it->second->announced) continue;
+        if (timeline_ != nullptr) {
+          TraceNegotiated(*it->second, responded, *r);
+          ++traced_errors;
+        }
         Finish(it->second, Status(r->error_code, r->error_message));
       }
       continue;
@@ -581,8 +616,14 @@ bool Engine::Impl::ExecuteResponses(
     ok_responses_.push_back(r);
     ok_entries_.push_back(it->second);
     ok_bytes_.push_back(AllreduceBytes(*r));
+    if (timeline_ != nullptr) TraceNegotiated(*it->second, responded, *r);
   }
-  if (ok_responses_.empty()) return true;
+  if (ok_responses_.empty()) {
+    if (timeline_ != nullptr && traced_errors > 0) {
+      TraceCycle(0, traced_errors, 0, 0, 0);
+    }
+    return true;
+  }
   const std::vector<FusionBucket> plan =
       PlanFusion(ok_responses_, ok_bytes_, config_.fusion_threshold_bytes);
   for (const FusionBucket& bucket : plan) {
@@ -591,6 +632,12 @@ bool Engine::Impl::ExecuteResponses(
     for (int m : bucket.members) {
       bucket_responses_.push_back(ok_responses_[m]);
       bucket_entries_.push_back(&ok_entries_[m]->entry);
+    }
+    if (timeline_ != nullptr) {
+      const double start = clock_();
+      for (const TensorEntry* e : bucket_entries_) {
+        timeline_->Span(e->name, kTimelineQueue, responded, start);
+      }
     }
     Status s =
         executor_.Execute(bucket_responses_, bucket_entries_, &bucket_status_);
@@ -606,6 +653,16 @@ bool Engine::Impl::ExecuteResponses(
     for (size_t k = 0; k < bucket.members.size(); ++k) {
       Finish(ok_entries_[bucket.members[k]], bucket_status_[k]);
     }
+  }
+  if (timeline_ != nullptr) {
+    int64_t bytes = 0;
+    int64_t fused = 0;
+    for (const FusionBucket& bucket : plan) {
+      if (bucket.members.size() > 1) ++fused;
+    }
+    for (int64_t b : ok_bytes_) bytes += b;
+    TraceCycle(static_cast<int64_t>(ok_responses_.size()), traced_errors,
+               static_cast<int64_t>(plan.size()), fused, bytes);
   }
   return true;
 }
@@ -633,6 +690,42 @@ bool Engine::Impl::Fatal(StatusCode code, const std::string& suffix) {
   return false;
 }
 
+// ---- timeline hooks -----------------------------------------------------
+
+void Engine::Impl::TraceRequests(int rank, const RequestList& list,
+                                 double at) {
+  for (const Request& q : list.requests) {
+    timeline_->Instant(q.name, kTimelineRequest, at,
+                       TimelineArgs().Add("rank", rank).Json());
+  }
+}
+
+void Engine::Impl::TraceNegotiated(const PendingEntry& p, double responded,
+                                   const Response& response) {
+  TimelineArgs args;
+  args.Add("path", trace_slow_cycle_ ? "slow" : "fast");
+  if (response.type == ResponseType::kError) {
+    args.Add("error", response.error_message);
+  } else {
+    args.Add("shape", ShapeString(p.request.shape));
+  }
+  timeline_->Span(p.request.name, kTimelineNegotiate, p.enqueued_seconds,
+                  responded, args.Json());
+}
+
+void Engine::Impl::TraceCycle(int64_t tensors, int64_t errors,
+                              int64_t buckets, int64_t fused_buckets,
+                              int64_t bytes) {
+  TimelineArgs args;
+  args.Add("path", trace_slow_cycle_ ? "slow" : "fast")
+      .Add("tensors", tensors)
+      .Add("buckets", buckets)
+      .Add("fused_buckets", fused_buckets)
+      .Add("allreduce_bytes", bytes);
+  if (errors > 0) args.Add("errors", errors);
+  timeline_->CycleSpan(trace_cycle_start_, clock_(), args.Json());
+}
+
 // ---- Engine -------------------------------------------------------------
 
 Status Engine::Create(const EngineConfig& config,
@@ -642,8 +735,16 @@ Status Engine::Create(const EngineConfig& config,
   if (transport == nullptr) {
     return Status::InvalidArgument("Engine::Create: transport is null");
   }
+  // Only the ranks that write a file open one (see Timeline::PathForRank).
+  std::unique_ptr<Timeline> timeline;
+  const std::string timeline_file =
+      Timeline::PathForRank(config.timeline_path, transport->rank());
+  if (!timeline_file.empty()) {
+    MPISTRATEGY_RETURN_IF_ERROR(Timeline::Open(
+        timeline_file, transport->rank(), Timeline::Options(), &timeline));
+  }
   std::unique_ptr<Engine> e(new Engine());
-  e->impl_.reset(new Impl(config, std::move(transport)));
+  e->impl_.reset(new Impl(config, std::move(transport), std::move(timeline)));
   e->impl_->Start();
   *engine = std::move(e);
   return Status::Ok();

@@ -34,9 +34,11 @@ int64_t AllreduceBytes(const Response& response) {
   return NumElements(response.shapes[0]) * DataTypeSize(response.dtype);
 }
 
-Executor::Executor(Transport* transport, bool hierarchical_allreduce)
+Executor::Executor(Transport* transport, bool hierarchical_allreduce,
+                   Timeline* timeline)
     : transport_(transport),
       hierarchical_allreduce_(hierarchical_allreduce),
+      timeline_(timeline),
       rank_(transport->rank()),
       size_(transport->size()) {}
 
@@ -54,6 +56,48 @@ Status Executor::Execute(const std::vector<const Response*>& responses,
   const Response& first = *responses[0];
   DeviceTransport* device = nullptr;
   MPISTRATEGY_RETURN_IF_ERROR(DeviceTransportFor(first, *entries[0], &device));
+  if (timeline_ == nullptr) {
+    return Run(device, responses, entries, entry_status);
+  }
+  // A fused CPU allreduce records its copies and its collective itself.
+  const bool fused = device == nullptr && responses.size() > 1;
+  const double start = timeline_->Now();
+  Status s = Run(device, responses, entries, entry_status);
+  if (!fused) {
+    // GPU buckets: the time to enqueue the work on the op's stream.
+    Trace(TimelineCollectiveName(ToCollectiveType(first.type)), responses,
+          entries, start, timeline_->Now());
+  }
+  return s;
+}
+
+void Executor::Trace(const char* activity,
+                     const std::vector<const Response*>& responses,
+                     const std::vector<TensorEntry*>& entries, double start,
+                     double end) {
+  const Response& first = *responses[0];
+  TimelineArgs args;
+  args.Add("bucket_tensors", static_cast<int64_t>(responses.size()));
+  if (first.type == ResponseType::kAllreduce) {
+    int64_t bytes = 0;
+    for (const Response* r : responses) bytes += AllreduceBytes(*r);
+    args.Add("bucket_bytes", bytes);
+  }
+  if (first.type != ResponseType::kBarrier) {
+    args.Add("dtype", DataTypeName(first.dtype));
+  }
+  args.Add("device", DeviceString(first.device));
+  const std::string json = args.Json();
+  for (const TensorEntry* e : entries) {
+    timeline_->Span(e->name, activity, start, end, json);
+  }
+}
+
+Status Executor::Run(DeviceTransport* device,
+                     const std::vector<const Response*>& responses,
+                     const std::vector<TensorEntry*>& entries,
+                     std::vector<Status>* entry_status) {
+  const Response& first = *responses[0];
   if (device != nullptr) {
     return device->Execute(responses, entries, entry_status);
   }
@@ -116,7 +160,19 @@ Status Executor::Allreduce(const std::vector<const Response*>& responses,
   const int64_t element_size = DataTypeSize(dtype);
   int64_t total = 0;
   for (const Response* r : responses) total += NumElements(r->shapes[0]);
-  if (total == 0) return Status::Ok();
+  if (total == 0) {
+    if (timeline_ != nullptr) {
+      const double now = timeline_->Now();
+      Trace(TimelineCollectiveName(CollectiveType::kAllreduce), responses,
+            entries, now, now);
+    }
+    return Status::Ok();
+  }
+  // Timeline marks: before the copies in, the collective, the copies out.
+  double t0 = 0.0;
+  double t1 = 0.0;
+  double t2 = 0.0;
+  if (timeline_ != nullptr) t0 = timeline_->Now();
   char* buffer = Buffer(total * element_size);
   int64_t offset = 0;
   for (size_t k = 0; k < responses.size(); ++k) {
@@ -124,17 +180,26 @@ Status Executor::Allreduce(const std::vector<const Response*>& responses,
     if (bytes > 0) std::memcpy(buffer + offset, entries[k]->input, bytes);
     offset += bytes;
   }
+  if (timeline_ != nullptr) t1 = timeline_->Now();
   MPISTRATEGY_RETURN_IF_ERROR(
       transport_->Allreduce(buffer, buffer, total, dtype, op));
   if (mean) {
     Status s = DivideInPlace(dtype, buffer, total, size_);
     if (!s.ok()) entry_status->assign(entries.size(), s);
   }
+  if (timeline_ != nullptr) t2 = timeline_->Now();
   offset = 0;
   for (size_t k = 0; k < responses.size(); ++k) {
     const int64_t bytes = NumElements(responses[k]->shapes[0]) * element_size;
     if (bytes > 0) std::memcpy(entries[k]->output, buffer + offset, bytes);
     offset += bytes;
+  }
+  if (timeline_ != nullptr) {
+    const double t3 = timeline_->Now();
+    Trace(kTimelineMemcpyIn, responses, entries, t0, t1);
+    Trace(TimelineCollectiveName(CollectiveType::kAllreduce), responses,
+          entries, t1, t2);
+    Trace(kTimelineMemcpyOut, responses, entries, t2, t3);
   }
   return Status::Ok();
 }

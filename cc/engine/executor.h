@@ -16,6 +16,7 @@
 #include "cc/engine/device.h"
 #include "cc/engine/engine.h"
 #include "cc/engine/message.h"
+#include "cc/engine/timeline.h"
 #include "cc/transport/transport.h"
 
 namespace mpistrategy {
@@ -30,7 +31,10 @@ class Executor {
   //   transport: not owned; outlives the executor.
   //   hierarchical_allreduce: EngineConfig::hierarchical_allreduce (GPU
   //     tensors only).
-  explicit Executor(Transport* transport, bool hierarchical_allreduce = false);
+  //   timeline: where the copy and collective spans of every bucket go
+  //     (timeline.h); null disables them.  Not owned; outlives the executor.
+  explicit Executor(Transport* transport, bool hierarchical_allreduce = false,
+                    Timeline* timeline = nullptr);
 
   // Runs one bucket.  `responses` are the bucket's members (successful
   // responses; more than one only for fused allreduces) and `entries[k]` is
@@ -38,12 +42,24 @@ class Executor {
   // DeviceTransport (device.h), created by the first one.
   //
   // Returns the transport's error (fatal for the engine).  Per-entry local
-  // failures go to (*entry_status)[k], resized to entries.size().
+  // failures go to (*entry_status)[k], resized to entries.size().  With a
+  // timeline, records each entry's copy and collective spans.
   Status Execute(const std::vector<const Response*>& responses,
                  const std::vector<TensorEntry*>& entries,
                  std::vector<Status>* entry_status);
 
  private:
+  // Execute without the collective span.
+  Status Run(DeviceTransport* device,
+             const std::vector<const Response*>& responses,
+             const std::vector<TensorEntry*>& entries,
+             std::vector<Status>* entry_status);
+  // Records `activity` from `start` to `end` on the row of every entry, with
+  // the bucket's size in the args.  Requires timeline_ != nullptr.
+  void Trace(const char* activity,
+             const std::vector<const Response*>& responses,
+             const std::vector<TensorEntry*>& entries, double start,
+             double end);
   Status Allreduce(const std::vector<const Response*>& responses,
                    const std::vector<TensorEntry*>& entries,
                    std::vector<Status>* entry_status);
@@ -66,6 +82,7 @@ class Executor {
 
   Transport* transport_;
   const bool hierarchical_allreduce_;
+  Timeline* const timeline_;  // may be null
   std::unique_ptr<DeviceTransport> device_transport_;
   int rank_;
   int size_;

@@ -1,0 +1,220 @@
+"""The engine timeline (`mpistrategy.Options(timeline=...)`) under mpirun.
+
+    tests/mpirun_pytest.sh 2 600 tests/parallel/test_timeline.py
+    tests/mpirun_pytest.sh 3 600 tests/parallel/test_timeline.py
+
+Each test restarts the engine with a timeline in a directory rank 0 created
+(its path is broadcast), runs a `tf.function` with every kind of collective,
+shuts the engine down (which closes the file) and restarts it with the
+options it had before.  The files are then parsed with `json.load`.
+"""
+
+import collections
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mpistrategy
+from mpistrategy import ops
+
+RANK = int(os.environ.get("OMPI_COMM_WORLD_RANK",
+                          os.environ.get("PMI_RANK", "0")))
+SIZE = int(os.environ.get("OMPI_COMM_WORLD_SIZE",
+                          os.environ.get("PMI_SIZE", "1")))
+S = SIZE * (SIZE + 1) / 2  # sum over ranks of (rank + 1)
+
+GROUP = 4
+# Row name -> the span of its collective.
+COLLECTIVES = dict(
+    [(f"tl/grouped.{i}", "ALLREDUCE") for i in range(GROUP)] + [
+        ("tl/allreduce", "ALLREDUCE"),
+        ("tl/allgather", "ALLGATHER"),
+        ("tl/broadcast", "BROADCAST"),
+        ("tl/barrier", "BARRIER"),
+    ])
+FUSED = [f"tl/grouped.{i}" for i in range(GROUP)]
+_PATH_BYTES = 4096
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _initialized():
+  if not mpistrategy.is_initialized():
+    mpistrategy.init()
+  yield
+
+
+@pytest.fixture(scope="module")
+def shared_dir():
+  """A directory rank 0 created; the same path on every rank."""
+  path = tempfile.mkdtemp(prefix="mpistrategy-timeline-") if RANK == 0 else ""
+  buffer = np.zeros([_PATH_BYTES], np.uint8)
+  encoded = path.encode()
+  assert len(encoded) < _PATH_BYTES
+  buffer[:len(encoded)] = np.frombuffer(encoded, np.uint8)
+  received = ops.broadcast(tf.constant(buffer), root_rank=0,
+                           name="timeline/shared_dir")
+  path = bytes(received.numpy()).rstrip(b"\0").decode()
+  yield path
+  ops.barrier(name="timeline/cleanup")
+  if RANK == 0:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _run_with_timeline(timeline, iterations):
+  """Runs the workload with the engine writing `timeline`; restores it.
+
+  Args:
+    timeline: `Options.timeline` for the run.
+    iterations: How often to call the workload function (the first call
+      negotiates through the coordinator, later ones through the cache).
+  """
+  previous = mpistrategy.current_options()
+  mpistrategy.shutdown()
+  try:
+    mpistrategy.init(mpistrategy.Options(timeline=timeline))
+    assert mpistrategy.current_options().timeline == timeline
+
+    @tf.function
+    def step(xs, y, g, b):
+      fused = ops.grouped_allreduce(xs, name="tl/grouped")
+      summed = ops.allreduce(y, name="tl/allreduce")
+      gathered = ops.allgather(g, name="tl/allgather")
+      root = ops.broadcast(b, root_rank=0, name="tl/broadcast")
+      ops.barrier(name="tl/barrier")
+      return fused, summed, gathered, root
+
+    xs = [tf.fill([16 + i], float(RANK + 1)) for i in range(GROUP)]
+    y = tf.constant([RANK + 1.0], tf.float64)  # float64: never fused with xs
+    g = tf.fill([RANK + 1, 2], RANK)
+    b = tf.fill([3], float(RANK))
+    for _ in range(iterations):
+      fused, summed, gathered, root = step(xs, y, g, b)
+      for i, t in enumerate(fused):
+        np.testing.assert_array_equal(t.numpy(), np.full([16 + i], S))
+      assert summed.numpy().tolist() == [S]
+      assert tuple(gathered.shape) == (SIZE * (SIZE + 1) // 2, 2)
+      assert root.numpy().tolist() == [0.0] * 3
+  finally:
+    # Shutting down flushes and closes the file.
+    mpistrategy.shutdown()
+    mpistrategy.init(previous)
+  # Every rank has closed its file once all of them got here.
+  ops.barrier(name="timeline/closed")
+
+
+def _load(path):
+  with open(path) as f:
+    events = json.load(f)
+  assert isinstance(events, list) and events, path
+  return events
+
+
+def _rows(events):
+  """{row name: [its non-metadata events in file order]} and the tid map."""
+  names = {}
+  for e in events:
+    if e["ph"] == "M" and e["name"] == "thread_name":
+      names[e["tid"]] = e["args"]["name"]
+  rows = collections.defaultdict(list)
+  for e in events:
+    if e["ph"] != "M":
+      assert e["tid"] in names, f"event on an unnamed row: {e}"
+      rows[names[e["tid"]]].append(e)
+  return rows
+
+
+def _spans(row, events):
+  """The row's complete spans, after checking they are ordered and apart."""
+  spans = [e for e in events if e["ph"] == "X"]
+  end = None
+  for e in spans:
+    assert e["dur"] >= 0, (row, e)
+    if end is not None:
+      # In file order, each span starts after the previous one ended (the
+      # engine emits a row's spans in time order); 1 ns of slack for the
+      # decimal printing.
+      assert e["ts"] + 1e-3 >= end, (row, spans)
+    end = e["ts"] + e["dur"]
+  return spans
+
+
+def _check_rows(events, iterations):
+  """Checks the per-tensor spans of every collective of the workload."""
+  rows = _rows(events)
+  for name, collective in COLLECTIVES.items():
+    assert name in rows, f"no row for {name}; rows: {sorted(rows)}"
+    spans = _spans(name, rows[name])
+    sequence = [e["name"] for e in spans]
+    per_call = ["NEGOTIATE", "QUEUE"]
+    if name in FUSED:
+      per_call += ["MEMCPY_IN_FUSION_BUFFER", collective,
+                   "MEMCPY_OUT_FUSION_BUFFER"]
+    else:
+      per_call += [collective]
+    assert sequence == per_call * iterations, (name, sequence)
+  for name in FUSED:
+    bucket = [e for e in rows[name] if e["name"] == "ALLREDUCE"]
+    assert all(e["args"]["bucket_tensors"] >= GROUP for e in bucket), bucket
+  return rows
+
+
+def test_rank0_writes_a_chrome_trace(shared_dir):
+  path = os.path.join(shared_dir, "trace.json")
+  iterations = 2
+  _run_with_timeline(path, iterations)
+  if RANK != 0:
+    return
+  assert os.listdir(shared_dir) == ["trace.json"], (
+      "only rank 0 writes without {rank}")
+  events = _load(path)
+  assert all(e["pid"] == 0 for e in events)
+  assert {"process_name", "thread_name"} <= {
+      e["name"] for e in events if e["ph"] == "M"}
+  rows = _check_rows(events, iterations)
+  # The coordinator's REQUEST instants: one per rank, in the first
+  # (negotiated) call only; later calls take the cached fast path.
+  for name in COLLECTIVES:
+    ranks = sorted(e["args"]["rank"] for e in rows[name]
+                   if e["name"] == "REQUEST")
+    assert ranks == list(range(SIZE)), (name, ranks)
+    negotiate = [e for e in rows[name] if e["name"] == "NEGOTIATE"]
+    assert [e["args"]["path"] for e in negotiate][0] == "slow", negotiate
+  # Cycles: every executed collective is counted in exactly one cycle.
+  cycles = [e for e in rows["negotiation cycles"] if e["name"] == "CYCLE"]
+  _spans("negotiation cycles", rows["negotiation cycles"])
+  assert sum(e["args"]["tensors"] for e in cycles) == (
+      len(COLLECTIVES) * iterations), cycles
+  fused_cycles = [e for e in cycles if e["args"]["fused_buckets"] >= 1 and
+                  e["args"]["tensors"] >= GROUP]
+  assert fused_cycles, cycles
+  assert {e["args"]["path"] for e in fused_cycles} == {"slow", "fast"}, (
+      fused_cycles)
+  assert not [e for e in events if e["name"] == "DROPPED_EVENTS"]
+
+
+def test_rank_placeholder_writes_one_file_per_rank(shared_dir):
+  pattern = os.path.join(shared_dir, "ranks", "trace.{rank}.json")
+  if RANK == 0:
+    os.makedirs(os.path.dirname(pattern))
+  ops.barrier(name="timeline/ranks_dir")
+  _run_with_timeline(pattern, 1)
+  mine = pattern.replace("{rank}", str(RANK))
+  events = _load(mine)
+  assert all(e["pid"] == RANK for e in events)
+  _check_rows(events, 1)
+  if RANK == 0:
+    assert sorted(os.listdir(os.path.dirname(pattern))) == sorted(
+        f"trace.{r}.json" for r in range(SIZE))
+    for r in range(1, SIZE):
+      _load(pattern.replace("{rank}", str(r)))
+
+
+def test_engine_runs_without_timeline_afterwards():
+  assert mpistrategy.current_options().timeline == ""
+  assert ops.allreduce(tf.constant(RANK + 1.0),
+                       name="timeline/after").numpy() == S

@@ -1,0 +1,68 @@
+"""The engine timeline in a world of size 1 (no mpirun).
+
+    .venv/bin/python -m pytest tests/single/test_timeline_single.py
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mpistrategy
+from mpistrategy import ops
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _world():
+  if "OMPI_COMM_WORLD_SIZE" in os.environ:
+    pytest.skip("single-process tests run without mpirun")
+  mpistrategy.init()
+  yield
+
+
+@pytest.fixture
+def restore_options():
+  previous = mpistrategy.current_options()
+  yield
+  mpistrategy.shutdown()
+  mpistrategy.init(previous)
+
+
+def test_unwritable_path_is_value_error_naming_it(tmp_path, restore_options):
+  path = str(tmp_path / "no-such-directory" / "trace.json")
+  mpistrategy.shutdown()
+  with pytest.raises(ValueError) as info:
+    mpistrategy.init(mpistrategy.Options(timeline=path))
+  message = str(info.value)
+  assert f'"{path}"' in message
+  assert "No such file or directory" in message
+  assert not mpistrategy.is_initialized()
+  # Nothing half-started: a plain init works.
+  mpistrategy.init()
+  assert ops.allreduce(tf.ones([2])).numpy().tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("name", ["trace.json", "trace.{rank}.json"])
+def test_single_rank_trace(tmp_path, restore_options, name):
+  path = str(tmp_path / name)
+  mpistrategy.shutdown()
+  mpistrategy.init(mpistrategy.Options(timeline=path))
+  ys = ops.grouped_allreduce([tf.ones([5]), tf.ones([7])], name="g")
+  np.testing.assert_array_equal(ys[1].numpy(), np.ones([7]))
+  mpistrategy.shutdown()
+  written = path.replace("{rank}", "0")
+  assert os.listdir(tmp_path) == [os.path.basename(written)]
+  with open(written) as f:
+    events = json.load(f)
+  rows = {e["args"]["name"]: e["tid"] for e in events
+          if e["ph"] == "M" and e["name"] == "thread_name"}
+  assert {"g.0", "g.1", "negotiation cycles"} <= set(rows)
+  spans = [e["name"] for e in events
+           if e["ph"] == "X" and e["tid"] == rows["g.1"]]
+  assert spans == ["NEGOTIATE", "QUEUE", "MEMCPY_IN_FUSION_BUFFER",
+                   "ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"]
+  cycles = [e for e in events if e["name"] == "CYCLE"]
+  assert [c["args"]["tensors"] for c in cycles] == [2]
+  assert cycles[0]["args"]["fused_buckets"] == 1
