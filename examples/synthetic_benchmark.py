@@ -94,6 +94,14 @@ def main():
           f"{1.96 * np.std(per_rank):.1f}", flush=True)
     print(f"Total img/sec on {size} rank(s): {np.mean(per_rank) * size:.1f} "
           f"+- {1.96 * np.std(per_rank) * size:.1f}", flush=True)
+    options = mpistrategy.current_options()
+    if options is not None and options.autotune:
+      # MPISTRATEGY_AUTOTUNE=1: what rank 0's autotuner chose (or is trying).
+      tuned = mpistrategy.ops.tuned_parameters()
+      print(f"Tuned parameters: fusion_threshold_bytes="
+            f"{tuned['fusion_threshold_bytes']} fusion_wait_ms="
+            f"{tuned['fusion_wait_ms']:g}"
+            f"{'' if tuned['final'] else ' (not final)'}", flush=True)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,25 @@ class Options:
       Submitting a tensor wakes it immediately, so this is not a latency
       floor; it bounds how stale the stall inspector's view can get.  A
       number > 0.  Default 1.
+    fusion_wait_ms: After the first tensor reaches an idle engine, wait this
+      many milliseconds for more before negotiating, so that tensors
+      arriving a little apart share a fusion bucket.  A number in
+      [0, 1000]; 0 (the default) negotiates at once, so a lone small tensor
+      gets no added latency.
+    autotune: When True, rank 0 tunes `fusion_threshold_bytes` and
+      `fusion_wait_ms` online, starting from the configured values: it
+      measures allreduce throughput (bytes per second) of each candidate
+      against the current choice in interleaved pairs of samples of a few
+      hundred milliseconds, switches only to a candidate that wins at least
+      6 of 7 pairs by a median of at least 5 %, and publishes each switch to
+      every rank through the negotiation, so all ranks always fuse alike.
+      Tuning takes roughly 10-60 seconds of steady traffic, then the
+      choice is final (`mpistrategy.ops.tuned_parameters()` reports it).
+      Default False.
+    autotune_log: Path of a CSV file to which rank 0 appends the
+      autotuner's samples and decisions (columns phase,
+      fusion_threshold_bytes, fusion_wait_ms, bytes_per_second, gain,
+      event); empty (the default) disables it.
     cache_capacity: Number of negotiated collectives remembered for the
       steady-state fast path (bit-vector agreement instead of a gather and a
       broadcast).  An integer >= 0; 0 disables the cache.  Default 1024.
@@ -63,8 +82,15 @@ class Options:
     stall_timeout_seconds: ... and after this long it fails with
       `tf.errors.DeadlineExceededError` on the ranks that submitted it.  A
       number >= 0; 0 (the default) waits forever, as MPI does.
-    timeline: Path of a Chrome-trace JSON file written by rank 0's engine;
-      empty (the default) disables the timeline.
+    timeline: Path of a Chrome-trace JSON file (open it in Perfetto or
+      chrome://tracing) written by rank 0's engine: one row per collective
+      name with its NEGOTIATE, QUEUE, fusion-buffer copy and collective
+      spans, and one span per negotiation cycle.  If the path contains
+      `{rank}`, every rank writes its own file with `{rank}` replaced by its
+      rank (e.g. "/tmp/trace.{rank}.json").  The file is complete after
+      `mpistrategy.shutdown()` (or at exit); `mpistrategy.init()` raises
+      `ValueError` when it cannot be created.  Empty (the default) disables
+      the timeline.
     hierarchical_allreduce: GPU tensors: NCCL inside a node, MPI between
       nodes.  Default False.
     abort_on_exception: When True (the default) and the world has more than
@@ -81,6 +107,9 @@ class Options:
 
   fusion_threshold_bytes: int = 64 << 20
   cycle_time_ms: float = 1.0
+  fusion_wait_ms: float = 0.0
+  autotune: bool = False
+  autotune_log: str = ""
   cache_capacity: int = 1024
   stall_warning_seconds: float = 60.0
   stall_timeout_seconds: float = 0.0
@@ -93,23 +122,21 @@ class Options:
                hint="an integer >= 0 (0 disables fusion)")
     _check_float(self, "cycle_time_ms", positive=True,
                  hint="a finite number > 0")
+    _check_float(self, "fusion_wait_ms", positive=False,
+                 hint="a number in [0, 1000] (0 negotiates at once)")
+    if self.fusion_wait_ms > 1000:
+      raise ValueError(
+          "Options.fusion_wait_ms must be a number in [0, 1000] (0 "
+          f"negotiates at once), got {self.fusion_wait_ms!r}")
     _check_int(self, "cache_capacity", minimum=0, maximum=2**31 - 1,
                hint="an integer >= 0 (0 disables the cache)")
     _check_float(self, "stall_warning_seconds", positive=False,
                  hint="a number >= 0 (0 disables the warning)")
     _check_float(self, "stall_timeout_seconds", positive=False,
                  hint="a number >= 0 (0 waits forever)")
-    timeline = self.timeline
-    if timeline is None:
-      timeline = ""
-    if isinstance(timeline, os.PathLike):
-      timeline = os.fspath(timeline)
-    if not isinstance(timeline, str):
-      raise TypeError(
-          "Options.timeline must be a file path (str) or empty, got "
-          f"{type(self.timeline).__name__} {self.timeline!r}")
-    object.__setattr__(self, "timeline", timeline)
-    for name in ("hierarchical_allreduce", "abort_on_exception"):
+    for name in ("timeline", "autotune_log"):
+      _check_path(self, name)
+    for name in ("autotune", "hierarchical_allreduce", "abort_on_exception"):
       value = getattr(self, name)
       if not isinstance(value, bool):
         raise TypeError(
@@ -240,6 +267,19 @@ def _check_float(options, name, positive, hint):
   if math.isnan(value) or math.isinf(value) or value < 0 or (
       positive and value == 0):
     raise ValueError(f"Options.{name} must be {hint}, got {value!r}")
+
+
+def _check_path(options, name):
+  value = getattr(options, name)
+  if value is None:
+    value = ""
+  if isinstance(value, os.PathLike):
+    value = os.fspath(value)
+  if not isinstance(value, str):
+    raise TypeError(
+        f"Options.{name} must be a file path (str) or empty, got "
+        f"{type(getattr(options, name)).__name__} {getattr(options, name)!r}")
+  object.__setattr__(options, name, value)
 
 
 def _parse_env(variable, name, field_type, text):

@@ -31,6 +31,13 @@ Status EngineConfig::Validate() const {
         "EngineConfig.cycle_time_ms must be a finite number > 0, got " +
         Num(cycle_time_ms));
   }
+  if (!(fusion_wait_ms >= 0.0) || !std::isfinite(fusion_wait_ms) ||
+      fusion_wait_ms > 1000.0) {
+    return Status::InvalidArgument(
+        "EngineConfig.fusion_wait_ms must be a number in [0, 1000] (0 "
+        "negotiates at once), got " +
+        Num(fusion_wait_ms));
+  }
   if (cache_capacity < 0) {
     return Status::InvalidArgument(
         "EngineConfig.cache_capacity must be >= 0 (0 disables the response "

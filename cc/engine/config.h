@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cc/engine/autotuner.h"
 #include "cc/engine/common.h"
 
 namespace mpistrategy {
@@ -22,6 +23,22 @@ struct EngineConfig {
   // immediately, so this is not a latency floor; it bounds how stale the
   // stall inspector's view of other ranks can get.
   double cycle_time_ms = 1.0;
+
+  // After the first tensor arrives at an idle engine, wait this long for
+  // more before negotiating, so that tensors arriving a little apart share
+  // a fusion bucket.  0 (the default) negotiates at once: no latency floor.
+  double fusion_wait_ms = 0.0;
+
+  // Rank 0 tunes fusion_threshold_bytes and fusion_wait_ms online (see
+  // autotuner.h) and publishes its choices to every rank through the
+  // negotiation.  The configured values are the starting point.
+  bool autotune = false;
+  // Rank 0 appends the autotuner's samples and decisions (CSV) here; empty
+  // disables the log.
+  std::string autotune_log;
+  // Search space and sample lengths (tests shorten them; not exposed to
+  // Python).
+  AutotuneSettings autotune_settings;
 
   // Number of negotiated collectives remembered for the bit-vector fast path.
   int32_t cache_capacity = 1024;

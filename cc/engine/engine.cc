@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <limits>
 #include <list>
 #include <mutex>
@@ -21,6 +22,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "cc/engine/autotuner.h"
 #include "cc/engine/executor.h"
 #include "cc/engine/fusion.h"
 #include "cc/engine/logging.h"
@@ -178,8 +180,10 @@ class Engine::Impl {
  public:
   // Args:
   //   timeline: this rank's timeline (timeline.h), or null.
+  //   autotune_log: rank 0's open autotune log (EngineConfig::autotune_log),
+  //     or null; closed by the destructor.
   Impl(const EngineConfig& config, std::unique_ptr<Transport> transport,
-       std::unique_ptr<Timeline> timeline);
+       std::unique_ptr<Timeline> timeline, std::FILE* autotune_log);
   ~Impl();
 
   void Start() { thread_ = std::thread([this] { Loop(); }); }
@@ -190,6 +194,7 @@ class Engine::Impl {
   Status AdmitLocked(const TensorEntry& entry);
   void Abort(const std::string& reason, double timeout_seconds);
   EngineStats stats() const;
+  TunedParameters tuned_parameters() const;
 
   const EngineConfig config_;
   const std::unique_ptr<Transport> transport_;
@@ -212,6 +217,17 @@ class Engine::Impl {
   // Makes `suffix` the sticky error (unless one is set) and returns false.
   bool Fatal(StatusCode code, const std::string& suffix);
   Status StickyStatusFor(const std::string& name) const;  // requires mu_
+
+  // ---- fusion parameters and autotune --------------------------------------
+  // With parameters_.fusion_wait_ms > 0, after the first tensor reaches an
+  // idle engine: waits that long (or until shutdown) for more.  `lock`
+  // holds mu_.
+  void WaitForMoreTensors(std::unique_lock<std::mutex>* lock);
+  // Every rank, slow path: adopt the parameters rank 0 published.
+  void ApplyParameters(const TunedParameters& parameters);
+  // Rank 0 with an autotuner: one cycle executed `bytes` of allreduce
+  // payload.  Feeds the tuner, schedules a publication, writes the log.
+  void RecordForAutotune(int64_t bytes);
 
   // ---- timeline hooks (timeline.h); callers check timeline_ != nullptr ----
   // Times are clock_() values: SteadyClockSeconds, the Timeline's clock.
@@ -267,12 +283,22 @@ class Engine::Impl {
   std::atomic<int64_t> buckets_{0};
   std::atomic<int64_t> fused_buckets_{0};
 
+  // Fusion parameters in force on this rank (engine thread), the same on
+  // every rank from the first slow cycle on: rank 0 publishes its own then,
+  // and the autotuner's choices later.
+  TunedParameters parameters_;
+  bool publish_pending_ = false;             // rank 0
+  std::unique_ptr<Autotuner> autotuner_;     // rank 0 with config.autotune
+  std::FILE* autotune_log_ = nullptr;        // rank 0, owned
+  TunedParameters published_parameters_;     // guarded by mu_, for readers
+
   std::thread thread_;
 };
 
 Engine::Impl::Impl(const EngineConfig& config,
                    std::unique_ptr<Transport> transport,
-                   std::unique_ptr<Timeline> timeline)
+                   std::unique_ptr<Timeline> timeline,
+                   std::FILE* autotune_log)
     : config_(config),
       transport_(std::move(transport)),
       rank_(transport_->rank()),
@@ -286,6 +312,20 @@ Engine::Impl::Impl(const EngineConfig& config,
                        config.stall_timeout_seconds);
   if (rank_ == 0) {
     negotiator_.reset(new Negotiator(size_, stall, clock_));
+  }
+  parameters_.fusion_threshold_bytes = config.fusion_threshold_bytes;
+  parameters_.fusion_wait_ms = config.fusion_wait_ms;
+  parameters_.final = !config.autotune;
+  published_parameters_ = parameters_;
+  autotune_log_ = autotune_log;
+  if (rank_ == 0) {
+    // Ranks may have been configured differently (an environment variable
+    // set on one host only); fusion plans must match, so rank 0's
+    // parameters govern from the first slow cycle on.
+    publish_pending_ = true;
+    if (config.autotune) {
+      autotuner_.reset(new Autotuner(parameters_, config.autotune_settings));
+    }
   }
   // A cached request whose bit keeps failing the AND (some rank has not
   // submitted it) is eventually announced, so the coordinator's stall
@@ -311,6 +351,7 @@ Engine::Impl::~Impl() {
   }
   wake_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (autotune_log_ != nullptr) std::fclose(autotune_log_);
 }
 
 Status Engine::Impl::Enqueue(TensorEntry entry) {
@@ -398,6 +439,11 @@ EngineStats Engine::Impl::stats() const {
   return s;
 }
 
+TunedParameters Engine::Impl::tuned_parameters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return published_parameters_;
+}
+
 Status Engine::Impl::StickyStatusFor(const std::string& name) const {
   return Status(sticky_code_,
                 "mpistrategy: collective \"" + name + "\" " + sticky_suffix_);
@@ -447,6 +493,10 @@ bool Engine::Impl::RunCycle() {
           lock, std::chrono::duration<double, std::milli>(config_.cycle_time_ms),
           [this] { return !incoming_.empty() || shutdown_requested_; });
     }
+    if (parameters_.fusion_wait_ms > 0 && pending_.empty() &&
+        !incoming_.empty() && !shutdown_requested_) {
+      WaitForMoreTensors(&lock);
+    }
     drained_.swap(incoming_);
     want_shutdown = shutdown_requested_;
     if (want_shutdown) shutdown_reason = shutdown_reason_;
@@ -478,6 +528,7 @@ bool Engine::Impl::RunCycle() {
     bits_[1 + bit / 64] |= uint64_t{1} << (bit % 64);
   }
   if (want_shutdown) flags &= ~kFlagNoShutdown;
+  if (publish_pending_) flags &= ~kFlagNoParameterChange;
   bits_[0] = flags;
   Status s = transport_->BitwiseAnd(&bits_);
   if (!s.ok()) {
@@ -543,6 +594,12 @@ bool Engine::Impl::SlowPath(bool want_shutdown,
     std::vector<std::string> warnings;
     list = negotiator_->ComputeResponses(&warnings);
     for (const std::string& w : warnings) LogLine(rank_, w);
+    if (publish_pending_) {
+      list.has_parameters = true;
+      list.parameters =
+          autotuner_ != nullptr ? autotuner_->current() : parameters_;
+      publish_pending_ = false;
+    }
     SerializeResponseList(list, &bytes_);
   }
   s = transport_->BroadcastBytes(&bytes_);
@@ -555,6 +612,8 @@ bool Engine::Impl::SlowPath(bool want_shutdown,
     s = ParseResponseList(bytes_, &list);
     if (!s.ok()) return Fatal(StatusCode::kInternal, "failed: " + s.message());
   }
+  // The new parameters govern this cycle's fusion plan on every rank.
+  if (list.has_parameters) ApplyParameters(list.parameters);
   // Step 4: same cache inserts, in the same order, on every rank.
   responses_.clear();
   for (const Response& r : list.responses) {
@@ -625,7 +684,7 @@ bool Engine::Impl::ExecuteResponses(
     return true;
   }
   const std::vector<FusionBucket> plan =
-      PlanFusion(ok_responses_, ok_bytes_, config_.fusion_threshold_bytes);
+      PlanFusion(ok_responses_, ok_bytes_, parameters_.fusion_threshold_bytes);
   for (const FusionBucket& bucket : plan) {
     bucket_responses_.clear();
     bucket_entries_.clear();
@@ -664,6 +723,11 @@ bool Engine::Impl::ExecuteResponses(
     TraceCycle(static_cast<int64_t>(ok_responses_.size()), traced_errors,
                static_cast<int64_t>(plan.size()), fused, bytes);
   }
+  if (autotuner_ != nullptr && !autotuner_->done()) {
+    int64_t bytes = 0;
+    for (int64_t b : ok_bytes_) bytes += b;
+    RecordForAutotune(bytes);
+  }
   return true;
 }
 
@@ -688,6 +752,41 @@ bool Engine::Impl::Fatal(StatusCode code, const std::string& suffix) {
   }
   LogLine(rank_, "engine stopped: every pending and future collective " + suffix);
   return false;
+}
+
+// ---- fusion parameters and autotune ------------------------------------
+
+void Engine::Impl::WaitForMoreTensors(std::unique_lock<std::mutex>* lock) {
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double, std::milli>(parameters_.fusion_wait_ms));
+  // Enqueue notifies on every submission; only a shutdown cuts the wait.
+  wake_cv_.wait_until(*lock, deadline, [this] { return shutdown_requested_; });
+}
+
+void Engine::Impl::ApplyParameters(const TunedParameters& parameters) {
+  parameters_ = parameters;
+  if (autotuner_ != nullptr) autotuner_->Applied(clock_());
+  std::lock_guard<std::mutex> lock(mu_);
+  published_parameters_ = parameters;
+}
+
+void Engine::Impl::RecordForAutotune(int64_t bytes) {
+  if (autotuner_->Record(clock_(), bytes)) publish_pending_ = true;
+  const std::vector<std::string> lines = autotuner_->TakeLogLines();
+  if (autotune_log_ != nullptr && !lines.empty()) {
+    for (const std::string& line : lines) {
+      std::fprintf(autotune_log_, "%s\n", line.c_str());
+    }
+    std::fflush(autotune_log_);
+  }
+  if (autotuner_->done()) {
+    const TunedParameters& p = autotuner_->current();
+    LogLine(rank_, "autotune finished: fusion_threshold_bytes=" +
+                       std::to_string(p.fusion_threshold_bytes) +
+                       " fusion_wait_ms=" + std::to_string(p.fusion_wait_ms));
+  }
 }
 
 // ---- timeline hooks -----------------------------------------------------
@@ -743,8 +842,25 @@ Status Engine::Create(const EngineConfig& config,
     MPISTRATEGY_RETURN_IF_ERROR(Timeline::Open(
         timeline_file, transport->rank(), Timeline::Options(), &timeline));
   }
+  // Rank 0 appends the autotuner's CSV log (header first when new).
+  std::FILE* autotune_log = nullptr;
+  if (config.autotune && !config.autotune_log.empty() &&
+      transport->rank() == 0) {
+    autotune_log = std::fopen(config.autotune_log.c_str(), "a");
+    if (autotune_log == nullptr) {
+      return Status::InvalidArgument(
+          "cannot open the autotune log \"" + config.autotune_log +
+          "\" for appending (EngineConfig::autotune_log)");
+    }
+    std::fseek(autotune_log, 0, SEEK_END);
+    if (std::ftell(autotune_log) == 0) {
+      std::fprintf(autotune_log, "%s\n", Autotuner::kLogHeader);
+      std::fflush(autotune_log);
+    }
+  }
   std::unique_ptr<Engine> e(new Engine());
-  e->impl_.reset(new Impl(config, std::move(transport), std::move(timeline)));
+  e->impl_.reset(new Impl(config, std::move(transport), std::move(timeline),
+                          autotune_log));
   e->impl_->Start();
   *engine = std::move(e);
   return Status::Ok();
@@ -770,5 +886,8 @@ int Engine::local_rank() const { return impl_->transport_->local_rank(); }
 int Engine::local_size() const { return impl_->transport_->local_size(); }
 const EngineConfig& Engine::config() const { return impl_->config_; }
 EngineStats Engine::stats() const { return impl_->stats(); }
+TunedParameters Engine::tuned_parameters() const {
+  return impl_->tuned_parameters();
+}
 
 }  // namespace mpistrategy

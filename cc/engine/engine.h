@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/engine/autotuner.h"
 #include "cc/engine/common.h"
 #include "cc/engine/config.h"
 #include "cc/transport/transport.h"
@@ -126,6 +127,12 @@ class Engine {
 
   // Thread-safe snapshot of the counters.
   EngineStats stats() const;
+
+  // Thread-safe: the fusion parameters in force on this rank.  Rank 0's
+  // (which govern every rank from the first negotiation on) or, with
+  // EngineConfig::autotune, the autotuner's latest choice; `final` once
+  // tuning ended (always, without autotune).
+  TunedParameters tuned_parameters() const;
 
  private:
   Engine() = default;

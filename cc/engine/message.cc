@@ -8,7 +8,7 @@ namespace mpistrategy {
 namespace {
 
 constexpr uint32_t kRequestListMagic = 0x4d525131;   // "MRQ1"
-constexpr uint32_t kResponseListMagic = 0x4d525331;  // "MRS1"
+constexpr uint32_t kResponseListMagic = 0x4d525332;  // "MRS2"
 
 // Appends fixed-width little-endian-in-memory values.  All ranks run the same
 // build on the same architecture, so host byte order is the wire order.
@@ -241,6 +241,12 @@ void SerializeResponseList(const ResponseList& list, std::string* out) {
   w.Put<uint8_t>(list.shutdown ? 1 : 0);
   w.Put<int32_t>(list.shutdown_rank);
   w.PutString(list.shutdown_reason);
+  w.Put<uint8_t>(list.has_parameters ? 1 : 0);
+  if (list.has_parameters) {
+    w.Put<int64_t>(list.parameters.fusion_threshold_bytes);
+    w.Put<double>(list.parameters.fusion_wait_ms);
+    w.Put<uint8_t>(list.parameters.final ? 1 : 0);
+  }
   w.Put<uint32_t>(static_cast<uint32_t>(list.responses.size()));
   for (const Response& p : list.responses) WriteResponse(p, &w);
 }
@@ -251,11 +257,25 @@ Status ParseResponseList(const std::string& bytes, ResponseList* list) {
   uint8_t shutdown = 0;
   uint32_t n = 0;
   *list = ResponseList();
+  uint8_t has_parameters = 0;
   if (!r.Get(&magic) || magic != kResponseListMagic || !r.Get(&shutdown) ||
-      !r.Get(&list->shutdown_rank) || !r.GetString(&list->shutdown_reason) || !r.GetCount(&n, 16)) {
+      !r.Get(&list->shutdown_rank) || !r.GetString(&list->shutdown_reason) ||
+      !r.Get(&has_parameters) || has_parameters > 1) {
     return Malformed("response list", bytes.size());
   }
   list->shutdown = shutdown != 0;
+  list->has_parameters = has_parameters != 0;
+  if (list->has_parameters) {
+    uint8_t final = 0;
+    if (!r.Get(&list->parameters.fusion_threshold_bytes) ||
+        !r.Get(&list->parameters.fusion_wait_ms) || !r.Get(&final) ||
+        final > 1 || list->parameters.fusion_threshold_bytes < 0 ||
+        !(list->parameters.fusion_wait_ms >= 0.0)) {
+      return Malformed("response list", bytes.size());
+    }
+    list->parameters.final = final != 0;
+  }
+  if (!r.GetCount(&n, 16)) return Malformed("response list", bytes.size());
   list->responses.resize(n);
   for (Response& p : list->responses) {
     if (!ReadResponse(&r, &p)) return Malformed("response list", bytes.size());

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/engine/autotuner.h"
 #include "cc/engine/common.h"
 
 namespace mpistrategy {
@@ -97,6 +98,12 @@ struct ResponseList {
   // "rank R shut down").  ShutdownString() gives "rank R: reason".
   int32_t shutdown_rank = -1;
   std::string shutdown_reason;
+
+  // Autotune (EngineConfig::autotune): rank 0 publishes new fusion
+  // parameters; every rank applies them before executing `responses`, so
+  // all ranks plan fusion with the same threshold from this cycle on.
+  bool has_parameters = false;
+  TunedParameters parameters;
 
   std::string ShutdownString() const {
     return "rank " + std::to_string(shutdown_rank) + ": " + shutdown_reason;

@@ -51,6 +51,10 @@ ResponseList SampleResponses() {
   list.shutdown = true;
   list.shutdown_rank = 1;
   list.shutdown_reason = "rank 1 shut down";
+  list.has_parameters = true;
+  list.parameters.fusion_threshold_bytes = 16 << 20;
+  list.parameters.fusion_wait_ms = 0.25;
+  list.parameters.final = true;
   return list;
 }
 
@@ -80,6 +84,8 @@ TEST(Message, ResponseListRoundTrip) {
   EXPECT_TRUE(out.responses[1] == in.responses[1]);
   EXPECT_EQ(out.shutdown_rank, 1);
   EXPECT_EQ(out.ShutdownString(), "rank 1: rank 1 shut down");
+  EXPECT_TRUE(out.has_parameters);
+  EXPECT_TRUE(out.parameters == in.parameters);
 }
 
 TEST(Message, EmptyListsRoundTrip) {
@@ -92,6 +98,7 @@ TEST(Message, EmptyListsRoundTrip) {
   ResponseList p;
   EXPECT_TRUE(ParseResponseList(bytes, &p).ok());
   EXPECT_FALSE(p.shutdown);
+  EXPECT_FALSE(p.has_parameters);
 }
 
 TEST(Message, EveryTruncationIsAnError) {

@@ -3,15 +3,16 @@
 // Protocol (one *cycle*, every rank's engine thread in lock-step; rank 0 is
 // the coordinator):
 //
-//   1. Every rank builds a bit vector.  Word 0 holds three *inverted* flags
+//   1. Every rank builds a bit vector.  Word 0 holds four *inverted* flags
 //      (bit set = "no"): kFlagNoUncached ("I have no unannounced request
 //      that misses the response cache"), kFlagNoAnnouncedPending ("none of
-//      my announced requests is still waiting for a response") and
-//      kFlagNoShutdown.  Words 1.. hold one bit per response-cache entry: set
+//      my announced requests is still waiting for a response"),
+//      kFlagNoShutdown and kFlagNoParameterChange (rank 0 only: "I have no
+//      new fusion parameters to publish").  Words 1.. hold one bit per response-cache entry: set
 //      when this rank has a pending, unannounced request matching it.  The
 //      vector is 1 + ceil(cache size / 64) words long; the cache is identical
 //      on every rank, so the length is too.  One Transport::BitwiseAnd.
-//   2. Fast path: all three flag bits survived (no rank has news), so the
+//   2. Fast path: all four flag bits survived (no rank has news), so the
 //      responses are the cache entries whose bits survived, in bit order.
 //      No other control traffic; this is a training loop's steady state.
 //   3. Slow path (some flag cleared somewhere): every rank serialises all of
@@ -30,7 +31,10 @@
 //           some ranks announced;
 //        c. a shutdown request from any rank makes the list a SHUTDOWN list
 //           carrying "rank R: reason".
-//      Rank 0 BroadcastBytes the serialised ResponseList.
+//      Rank 0 BroadcastBytes the serialised ResponseList, which also carries
+//      its fusion parameters when they changed (always in the first slow
+//      cycle, so every rank plans fusion with rank 0's threshold; later
+//      when the autotuner picks new ones).
 //   4. Every rank inserts the successful responses into its response cache
 //      in list order (so bit numbers agree everywhere), plans fusion
 //      (fusion.h, a pure function of the list) and executes the buckets in
@@ -65,8 +69,11 @@ namespace mpistrategy {
 constexpr uint64_t kFlagNoUncached = 1u << 0;
 constexpr uint64_t kFlagNoAnnouncedPending = 1u << 1;
 constexpr uint64_t kFlagNoShutdown = 1u << 2;
-constexpr uint64_t kAllFlagsClear =
-    kFlagNoUncached | kFlagNoAnnouncedPending | kFlagNoShutdown;
+// Cleared by rank 0 alone when it has fusion parameters to publish
+// (ResponseList::parameters), which forces a slow cycle to carry them.
+constexpr uint64_t kFlagNoParameterChange = 1u << 3;
+constexpr uint64_t kAllFlagsClear = kFlagNoUncached | kFlagNoAnnouncedPending |
+                                    kFlagNoShutdown | kFlagNoParameterChange;
 
 // Builds the response for `name` from one request per rank (requests[r] from
 // rank r): the agreed collective, or a FailedPrecondition ERROR describing

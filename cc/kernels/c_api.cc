@@ -71,11 +71,13 @@ int EngineProperty(Getter getter) {
 extern "C" {
 
 // Starts the engine over MPI_COMM_WORLD (initializing MPI if needed).  The
-// arguments are the fields of mpistrategy::EngineConfig; `timeline_path` may
-// be null or empty.  Returns 0 on success, else a StatusCode (common.h) with
+// arguments are the fields of mpistrategy::EngineConfig; `timeline_path` and
+// `autotune_log` may be null or empty.  Returns 0 on success, else a StatusCode (common.h) with
 // the message copied (NUL-terminated, truncated to error_len) to error_buf.
 // A second call with the same configuration is a no-op.
 int mpistrategy_init(int64_t fusion_threshold_bytes, double cycle_time_ms,
+                     double fusion_wait_ms, int autotune,
+                     const char* autotune_log,
                      int32_t cache_capacity, double stall_warning_seconds,
                      double stall_timeout_seconds, const char* timeline_path,
                      int hierarchical_allreduce, char* error_buf,
@@ -83,6 +85,9 @@ int mpistrategy_init(int64_t fusion_threshold_bytes, double cycle_time_ms,
   mpistrategy::EngineConfig config;
   config.fusion_threshold_bytes = fusion_threshold_bytes;
   config.cycle_time_ms = cycle_time_ms;
+  config.fusion_wait_ms = fusion_wait_ms;
+  config.autotune = autotune != 0;
+  config.autotune_log = autotune_log == nullptr ? "" : autotune_log;
   config.cache_capacity = cache_capacity;
   config.stall_warning_seconds = stall_warning_seconds;
   config.stall_timeout_seconds = stall_timeout_seconds;
@@ -142,6 +147,20 @@ int mpistrategy_local_size() {
   return mpistrategy::EngineProperty([](const mpistrategy::Engine& e) {
     return e.local_size();
   });
+}
+
+// The fusion parameters in force (Engine::tuned_parameters): fills the three
+// outputs and returns 0, or returns -1 when not initialized.
+int mpistrategy_tuned_parameters(int64_t* fusion_threshold_bytes,
+                                 double* fusion_wait_ms, int* final) {
+  std::shared_ptr<mpistrategy::Engine> engine =
+      mpistrategy::EngineHolder::Instance().Get();
+  if (engine == nullptr) return -1;
+  const mpistrategy::TunedParameters p = engine->tuned_parameters();
+  *fusion_threshold_bytes = p.fusion_threshold_bytes;
+  *fusion_wait_ms = p.fusion_wait_ms;
+  *final = p.final ? 1 : 0;
+  return 0;
 }
 
 // 1 when MPI is initialized with MPI_THREAD_MULTIPLE, else 0.

@@ -22,6 +22,10 @@ std::string ConfigDifferences(const EngineConfig& running,
   field("fusion_threshold_bytes", running.fusion_threshold_bytes,
         requested.fusion_threshold_bytes);
   field("cycle_time_ms", running.cycle_time_ms, requested.cycle_time_ms);
+  field("fusion_wait_ms", running.fusion_wait_ms, requested.fusion_wait_ms);
+  field("autotune", running.autotune, requested.autotune);
+  field("autotune_log", "'" + running.autotune_log + "'",
+        "'" + requested.autotune_log + "'");
   field("cache_capacity", running.cache_capacity, requested.cache_capacity);
   field("stall_warning_seconds", running.stall_warning_seconds,
         requested.stall_warning_seconds);

@@ -35,3 +35,4 @@ from mpistrategy.ops.mpi_ops import ReduceOp
 from mpistrategy.ops.mpi_ops import shutdown
 from mpistrategy.ops.mpi_ops import size
 from mpistrategy.ops.mpi_ops import Sum
+from mpistrategy.ops.mpi_ops import tuned_parameters

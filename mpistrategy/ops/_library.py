@@ -49,6 +49,9 @@ def _declare(c):
   c.mpistrategy_init.argtypes = [
       ctypes.c_int64,   # fusion_threshold_bytes
       ctypes.c_double,  # cycle_time_ms
+      ctypes.c_double,  # fusion_wait_ms
+      ctypes.c_int,     # autotune
+      ctypes.c_char_p,  # autotune_log
       ctypes.c_int32,   # cache_capacity
       ctypes.c_double,  # stall_warning_seconds
       ctypes.c_double,  # stall_timeout_seconds
@@ -58,6 +61,10 @@ def _declare(c):
       ctypes.c_int,     # error_len
   ]
   c.mpistrategy_init.restype = ctypes.c_int
+  c.mpistrategy_tuned_parameters.argtypes = [
+      ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_double),
+      ctypes.POINTER(ctypes.c_int)]
+  c.mpistrategy_tuned_parameters.restype = ctypes.c_int
   c.mpistrategy_shutdown.argtypes = []
   c.mpistrategy_shutdown.restype = None
   c.mpistrategy_abort.argtypes = [ctypes.c_char_p, ctypes.c_double]

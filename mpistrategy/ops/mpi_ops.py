@@ -44,7 +44,7 @@ __all__ = [
     "reducescatter", "alltoall", "barrier",
     "init", "shutdown", "is_initialized", "current_options", "rank", "size",
     "local_rank", "local_size", "mpi_threads_supported", "built_with_cuda",
-    "built_with_nccl",
+    "built_with_nccl", "tuned_parameters",
 ]
 
 
@@ -164,7 +164,8 @@ def init(options=None):
     error_buf = ctypes.create_string_buffer(4096)
     code = lib.c.mpistrategy_init(
         resolved.fusion_threshold_bytes, resolved.cycle_time_ms,
-        resolved.cache_capacity, resolved.stall_warning_seconds,
+        resolved.fusion_wait_ms, int(resolved.autotune),
+        resolved.autotune_log.encode(), resolved.cache_capacity, resolved.stall_warning_seconds,
         resolved.stall_timeout_seconds, resolved.timeline.encode(),
         int(resolved.hierarchical_allreduce), error_buf, len(error_buf))
     if code != 0:
@@ -247,6 +248,35 @@ def local_size():
 def mpi_threads_supported():
   """Returns True when MPI runs with `MPI_THREAD_MULTIPLE`."""
   return bool(_ensure_initialized().c.mpistrategy_mpi_threads_supported())
+
+
+def tuned_parameters():
+  """Returns the fusion parameters in force on this rank.
+
+  Every rank plans fusion with rank 0's parameters (published in the first
+  negotiation).  With `Options.autotune`, they are the autotuner's latest
+  choice: they change while it measures candidates and stop changing once
+  `final` is True.  Without autotune they are the configured ones, final.
+
+  Returns:
+    A dict with keys "fusion_threshold_bytes" (int), "fusion_wait_ms"
+    (float) and "final" (bool).
+
+  Raises:
+    ValueError: mpistrategy is not initialized.
+  """
+  if not is_initialized():
+    raise ValueError("mpistrategy.ops.tuned_parameters: mpistrategy is not "
+                     "initialized; call mpistrategy.init() first")
+  threshold = ctypes.c_int64()
+  wait_ms = ctypes.c_double()
+  final = ctypes.c_int()
+  if _lib().c.mpistrategy_tuned_parameters(
+      ctypes.byref(threshold), ctypes.byref(wait_ms), ctypes.byref(final)):
+    raise ValueError("mpistrategy.ops.tuned_parameters: mpistrategy is not "
+                     "initialized; call mpistrategy.init() first")
+  return {"fusion_threshold_bytes": threshold.value,
+          "fusion_wait_ms": wait_ms.value, "final": bool(final.value)}
 
 
 def built_with_cuda():

@@ -16,6 +16,9 @@ def test_defaults():
   assert o.stall_warning_seconds == 60.0
   assert o.stall_timeout_seconds == 0.0
   assert o.timeline == ""
+  assert o.fusion_wait_ms == 0.0
+  assert o.autotune is False
+  assert o.autotune_log == ""
   assert o.hierarchical_allreduce is False
   assert o.abort_on_exception is True
 
@@ -34,6 +37,9 @@ def test_frozen():
     ("cache_capacity", 2**31, "an integer >= 0"),
     ("stall_warning_seconds", -0.5, "a number >= 0"),
     ("stall_timeout_seconds", -1, "a number >= 0"),
+    ("fusion_wait_ms", -0.1, "a number in [0, 1000]"),
+    ("fusion_wait_ms", 1500, "a number in [0, 1000]"),
+    ("fusion_wait_ms", float("nan"), "a number in [0, 1000]"),
 ])
 def test_out_of_range_values_name_field_and_accepted_values(field, value,
                                                             accepted):
@@ -53,6 +59,9 @@ def test_out_of_range_values_name_field_and_accepted_values(field, value,
     ("cycle_time_ms", None),
     ("cache_capacity", [1]),
     ("timeline", 3),
+    ("autotune_log", 2.5),
+    ("autotune", "yes"),
+    ("fusion_wait_ms", "1ms"),
     ("hierarchical_allreduce", 1),
     ("abort_on_exception", "yes"),
 ])
@@ -86,13 +95,21 @@ def test_from_env_overrides_every_field():
       "MPISTRATEGY_TIMELINE": "/tmp/t.json",
       "MPISTRATEGY_HIERARCHICAL_ALLREDUCE": "TRUE",
       "MPISTRATEGY_ABORT_ON_EXCEPTION": "off",
+      "MPISTRATEGY_FUSION_WAIT_MS": "0.5",
+      "MPISTRATEGY_AUTOTUNE": "yes",
+      "MPISTRATEGY_AUTOTUNE_LOG": "/tmp/a.csv",
       "HOME": "/root",
   }
   o = Options.from_env(environ=env)
   assert o == Options(fusion_threshold_bytes=1024, cycle_time_ms=2.5,
                       cache_capacity=7, stall_warning_seconds=5.0,
                       stall_timeout_seconds=30.0, timeline="/tmp/t.json",
-                      hierarchical_allreduce=True, abort_on_exception=False)
+                      hierarchical_allreduce=True, abort_on_exception=False,
+                      fusion_wait_ms=0.5, autotune=True,
+                      autotune_log="/tmp/a.csv")
+  # Every field has an environment variable.
+  assert {f"MPISTRATEGY_{f.name.upper()}" for f in dataclasses.fields(Options)
+         } <= set(env)
 
 
 def test_from_env_applies_on_top_of_base():
