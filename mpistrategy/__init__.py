@@ -11,39 +11,40 @@ Process control (`init`, `shutdown`, `rank`, `size`, ...) and the collective
 ops (`mpistrategy.ops`) can also be used without the strategy.
 """
 
-from mpistrategy import ops
-from mpistrategy.compression import Compression
-from mpistrategy.ops.mpi_ops import current_options
-from mpistrategy.ops.mpi_ops import init
-from mpistrategy.ops.mpi_ops import is_initialized
-from mpistrategy.ops.mpi_ops import local_rank
-from mpistrategy.ops.mpi_ops import local_size
-from mpistrategy.ops.mpi_ops import rank
-from mpistrategy.ops.mpi_ops import shutdown
-from mpistrategy.ops.mpi_ops import size
+import importlib
+
 from mpistrategy.options import Options
 
-__all__ = [
-    "init", "shutdown", "is_initialized", "current_options", "rank", "size",
-    "local_rank", "local_size", "Options", "ops", "MPIStrategy",
-    "cross_device_ops", "Compression",
-]
+# Everything else is imported on first use (PEP 562), so that tools which do
+# not run collectives (`python -m mpistrategy.run`, option parsing) start
+# without loading TensorFlow.  name -> (module, attribute or None).
+_LAZY = {
+    "ops": ("mpistrategy.ops", None),
+    "cross_device_ops": ("mpistrategy.cross_device_ops", None),
+    "MPIStrategy": ("mpistrategy.strategy", "MPIStrategy"),
+    "Compression": ("mpistrategy.compression", "Compression"),
+    "init": ("mpistrategy.ops.mpi_ops", "init"),
+    "shutdown": ("mpistrategy.ops.mpi_ops", "shutdown"),
+    "is_initialized": ("mpistrategy.ops.mpi_ops", "is_initialized"),
+    "current_options": ("mpistrategy.ops.mpi_ops", "current_options"),
+    "rank": ("mpistrategy.ops.mpi_ops", "rank"),
+    "size": ("mpistrategy.ops.mpi_ops", "size"),
+    "local_rank": ("mpistrategy.ops.mpi_ops", "local_rank"),
+    "local_size": ("mpistrategy.ops.mpi_ops", "local_size"),
+}
+
+__all__ = ["Options"] + sorted(_LAZY)
 
 
 def __getattr__(name):
-  # Imported lazily: the strategy pulls in tf.distribute internals that
-  # users of the bare ops do not need.
-  if name == "MPIStrategy":
-    try:
-      from mpistrategy.strategy import MPIStrategy  # pylint: disable=g-import-not-at-top
-    except ModuleNotFoundError as e:
-      # TODO(lead): remove once mpistrategy/strategy.py has landed.
-      if e.name != "mpistrategy.strategy":
-        raise
-      raise AttributeError(
-          "mpistrategy.MPIStrategy is not available in this build") from e
-    return MPIStrategy
-  if name == "cross_device_ops":
-    import importlib  # pylint: disable=g-import-not-at-top
-    return importlib.import_module("mpistrategy.cross_device_ops")
-  raise AttributeError(f"module 'mpistrategy' has no attribute {name!r}")
+  if name not in _LAZY:
+    raise AttributeError(f"module 'mpistrategy' has no attribute {name!r}")
+  module_name, attribute = _LAZY[name]
+  module = importlib.import_module(module_name)
+  value = module if attribute is None else getattr(module, attribute)
+  globals()[name] = value  # later lookups skip __getattr__
+  return value
+
+
+def __dir__():
+  return sorted(set(globals()) | set(_LAZY))

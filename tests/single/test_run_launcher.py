@@ -494,3 +494,15 @@ def test_check_fails_when_the_op_library_does_not_load(monkeypatch, capsys):
   out = capsys.readouterr().out
   assert "[ ] op library: _mpi_ops.so was not found (test)" in out, out
   assert "[?] CUDA kernels built: unknown" in out, out
+
+
+def test_launcher_starts_without_importing_tensorflow():
+  # `import mpistrategy` loads the ops (and TensorFlow) lazily, so building
+  # and printing the command takes milliseconds, not seconds.
+  code = ("import sys, mpistrategy.run; "
+          "assert 'tensorflow' not in sys.modules, 'tensorflow imported'; "
+          "import mpistrategy; mpistrategy.Options(); "
+          "assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                        text=True, timeout=60, check=False)
+  assert proc.returncode == 0, proc.stderr
