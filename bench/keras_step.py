@@ -3,17 +3,24 @@
     python bench/keras_step.py            # driver: launches the three runs
 
 The driver runs the same model (MLP 1024-1024-1024-10, 2.1 M parameters,
-global batch 128, steps_per_execution 1) three times and prints a table:
+global batch 128, steps_per_execution 1) in four configurations, `--rounds`
+times in turn (default 3, so that slow drift of the machine affects all
+alike), and prints a table of the medians:
 
 * `single`: one process, default strategy, the global batch;
 * `mpi`:    `mpirun -np 2`, `mpistrategy.MPIStrategy`;
 * `mwms`:   `mpirun -np 2`, TF's own `tf.distribute.MultiWorkerMirroredStrategy`
   with `TF_CONFIG` on localhost ports (mpirun only launches; the rank comes
-  from OMPI_COMM_WORLD_RANK).
+  from OMPI_COMM_WORLD_RANK);
+* `independent`: `mpirun -np 2`, each rank training its own model on its
+  share of the batch with the default strategy: the same compute and the
+  same competition for cores as a 2-rank job, without any communication.
 
 Overhead = step time minus the single-process step time.  The target is an
-MPIStrategy overhead of at most 1/3 of MWMS's.  On a 2-core machine no
-speed-up over one process is possible: this compares communication cost.
+MPIStrategy overhead of at most 1/3 of MWMS's.  On one machine the ranks
+share its cores, so part of every 2-rank overhead is not communication; the
+`independent` row measures that part, and the last line compares the
+communication cost alone (step time minus `independent`).
 
 Stock MWMS cannot run Keras 3.15 `fit` (TF-INTEGRATION-NOTES §6); the `mwms`
 worker applies the two minimal patches below, and *only* there.
@@ -97,6 +104,8 @@ def worker(args):
     strategy = tf.distribute.get_strategy()
 
   gbs = args.global_batch
+  if args.mode == "independent":
+    gbs //= args.np  # this rank's share, as under a 2-rank strategy
   rng = np.random.RandomState(0)
   x = rng.rand(gbs, 1024).astype(np.float32)
   y = rng.randint(0, 10, size=[gbs]).astype(np.int32)
@@ -135,12 +144,13 @@ def driver(args):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
              OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
              PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  results = {}
-  for mode in ("single", "mpi", "mwms"):
+  modes = ("single", "mpi", "mwms", "independent")
+  runs = {mode: [] for mode in modes}
+  for _, mode in [(r, m) for r in range(args.rounds) for m in modes]:
     out = os.path.join("/tmp", "keras_step_%s_%d.json" % (mode, os.getpid()))
     cmd = [py, os.path.abspath(__file__), "--worker", "--mode", mode,
            "--out", out, "--steps", str(args.steps),
-           "--warmup", str(args.warmup),
+           "--warmup", str(args.warmup), "--np", str(args.np),
            "--global-batch", str(args.global_batch)]
     if mode != "single":
       if mode == "mwms":
@@ -156,33 +166,48 @@ def driver(args):
       print(proc.stdout[-4000:])
       raise SystemExit("%s run failed (exit %d)" % (mode, proc.returncode))
     with open(out) as f:
-      results[mode] = json.load(f)
+      runs[mode].append(json.load(f))
     os.remove(out)
+  results = {}
+  for mode in modes:
+    times = sorted(r["median_s"] for r in runs[mode])
+    results[mode] = {"median_s": times[len(times) // 2],
+                     "params": runs[mode][0]["params"]}
 
   single = results["single"]["median_s"]
   print("\nMLP 1024x3 (%.2f M params), global batch %d, %d ranks, median of %d"
-        " steps" % (results["single"]["params"] / 1e6, args.global_batch,
-                    args.np, args.steps))
+        " steps, median of %d rounds" % (
+            results["single"]["params"] / 1e6, args.global_batch, args.np,
+            args.steps, args.rounds))
   print("%-22s %12s %14s" % ("configuration", "step (ms)", "overhead (ms)"))
   for mode, label in (("single", "1 process"), ("mpi", "MPIStrategy"),
-                      ("mwms", "MWMS (gRPC, patched)")):
+                      ("mwms", "MWMS (gRPC, patched)"),
+                      ("independent", "%d independent procs" % args.np)):
     t = results[mode]["median_s"]
     print("%-22s %12.2f %14.2f" % (label, t * 1e3, (t - single) * 1e3))
   mpi_over = results["mpi"]["median_s"] - single
   mwms_over = results["mwms"]["median_s"] - single
   ratio = mpi_over / mwms_over if mwms_over > 0 else float("nan")
   print("MPIStrategy overhead / MWMS overhead = %.2f (target <= 0.33)" % ratio)
+  alone = results["independent"]["median_s"]
+  mpi_comm = results["mpi"]["median_s"] - alone
+  mwms_comm = results["mwms"]["median_s"] - alone
+  print("Communication alone (step minus independent): MPIStrategy %.2f ms, "
+        "MWMS %.2f ms, ratio %.2f" % (
+            mpi_comm * 1e3, mwms_comm * 1e3,
+            mpi_comm / mwms_comm if mwms_comm > 0 else float("nan")))
 
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-  p.add_argument("--mode", choices=["single", "mpi", "mwms"])
+  p.add_argument("--mode", choices=["single", "mpi", "mwms", "independent"])
   p.add_argument("--out")
   p.add_argument("--ports", type=int, nargs="*")
   p.add_argument("--np", type=int, default=2)
   p.add_argument("--steps", type=int, default=40)
   p.add_argument("--warmup", type=int, default=8)
+  p.add_argument("--rounds", type=int, default=3)
   p.add_argument("--global-batch", type=int, default=128)
   p.add_argument("--mpirun", default="mpirun")
   p.add_argument("--timeout", type=int, default=600)
