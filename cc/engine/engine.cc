@@ -174,6 +174,34 @@ Request MakeRequest(const TensorEntry& e, int rank, int size) {
   return q;
 }
 
+// Startup agreement, the first exchange of every engine: each rank tells
+// rank 0 whether it could start ("" or its error), rank 0 broadcasts the
+// first failure ("" when none).  A rank whose Engine::Create failed (it
+// cannot create its timeline file, say) still takes part, so the other
+// ranks fail their collectives with its reason instead of waiting for it
+// forever.  Returns the agreed failure, or OK.
+Status AgreeOnStartup(Transport* transport, const Status& mine) {
+  std::string message;
+  if (!mine.ok()) {
+    message = "rank " + std::to_string(transport->rank()) +
+              " could not start mpistrategy: " + mine.message();
+  }
+  std::vector<std::string> all;
+  MPISTRATEGY_RETURN_IF_ERROR(transport->GatherBytes(message, &all));
+  std::string first_failure;
+  if (transport->rank() == 0) {
+    for (const std::string& m : all) {
+      if (!m.empty()) {
+        first_failure = m;
+        break;
+      }
+    }
+  }
+  MPISTRATEGY_RETURN_IF_ERROR(transport->BroadcastBytes(&first_failure));
+  if (first_failure.empty()) return Status::Ok();
+  return Status::FailedPrecondition(first_failure);
+}
+
 }  // namespace
 
 class Engine::Impl {
@@ -450,7 +478,15 @@ Status Engine::Impl::StickyStatusFor(const std::string& name) const {
 }
 
 void Engine::Impl::Loop() {
-  while (RunCycle()) {
+  const Status startup = AgreeOnStartup(transport_.get(), Status::Ok());
+  if (!startup.ok()) {
+    Fatal(startup.code() == StatusCode::kFailedPrecondition
+              ? StatusCode::kFailedPrecondition
+              : StatusCode::kUnavailable,
+          "failed because " + startup.message());
+  } else {
+    while (RunCycle()) {
+    }
   }
   // Stopped: fail everything still pending or queued with the sticky error.
   std::vector<PendingEntry> late;
@@ -827,36 +863,56 @@ void Engine::Impl::TraceCycle(int64_t tensors, int64_t errors,
 
 // ---- Engine -------------------------------------------------------------
 
-Status Engine::Create(const EngineConfig& config,
-                      std::unique_ptr<Transport> transport,
-                      std::unique_ptr<Engine>* engine) {
+namespace {
+
+// Engine::Create's rank-local part: validates `config` and opens this rank's
+// files.
+Status OpenEngineFiles(const EngineConfig& config, int rank,
+                       std::unique_ptr<Timeline>* timeline,
+                       std::FILE** autotune_log) {
   MPISTRATEGY_RETURN_IF_ERROR(config.Validate());
-  if (transport == nullptr) {
-    return Status::InvalidArgument("Engine::Create: transport is null");
-  }
   // Only the ranks that write a file open one (see Timeline::PathForRank).
-  std::unique_ptr<Timeline> timeline;
   const std::string timeline_file =
-      Timeline::PathForRank(config.timeline_path, transport->rank());
+      Timeline::PathForRank(config.timeline_path, rank);
   if (!timeline_file.empty()) {
-    MPISTRATEGY_RETURN_IF_ERROR(Timeline::Open(
-        timeline_file, transport->rank(), Timeline::Options(), &timeline));
+    MPISTRATEGY_RETURN_IF_ERROR(
+        Timeline::Open(timeline_file, rank, Timeline::Options(), timeline));
   }
   // Rank 0 appends the autotuner's CSV log (header first when new).
-  std::FILE* autotune_log = nullptr;
-  if (config.autotune && !config.autotune_log.empty() &&
-      transport->rank() == 0) {
-    autotune_log = std::fopen(config.autotune_log.c_str(), "a");
-    if (autotune_log == nullptr) {
+  if (config.autotune && !config.autotune_log.empty() && rank == 0) {
+    *autotune_log = std::fopen(config.autotune_log.c_str(), "a");
+    if (*autotune_log == nullptr) {
       return Status::InvalidArgument(
           "cannot open the autotune log \"" + config.autotune_log +
           "\" for appending (EngineConfig::autotune_log)");
     }
-    std::fseek(autotune_log, 0, SEEK_END);
-    if (std::ftell(autotune_log) == 0) {
-      std::fprintf(autotune_log, "%s\n", Autotuner::kLogHeader);
-      std::fflush(autotune_log);
+    std::fseek(*autotune_log, 0, SEEK_END);
+    if (std::ftell(*autotune_log) == 0) {
+      std::fprintf(*autotune_log, "%s\n", Autotuner::kLogHeader);
+      std::fflush(*autotune_log);
     }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status Engine::Create(const EngineConfig& config,
+                      std::unique_ptr<Transport> transport,
+                      std::unique_ptr<Engine>* engine) {
+  if (transport == nullptr) {
+    return Status::InvalidArgument("Engine::Create: transport is null");
+  }
+  std::unique_ptr<Timeline> timeline;
+  std::FILE* autotune_log = nullptr;
+  const Status local =
+      OpenEngineFiles(config, transport->rank(), &timeline, &autotune_log);
+  if (!local.ok()) {
+    if (autotune_log != nullptr) std::fclose(autotune_log);
+    // The other ranks' engines wait for this rank's startup report; failing
+    // without it would leave them hanging (see AgreeOnStartup).
+    AgreeOnStartup(transport.get(), local);
+    return local;
   }
   std::unique_ptr<Engine> e(new Engine());
   e->impl_.reset(new Impl(config, std::move(transport), std::move(timeline),

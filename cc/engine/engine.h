@@ -80,8 +80,14 @@ Status AllocateOutput(TensorEntry* entry, const Shape& shape, void** data);
 
 class Engine {
  public:
-  // Validates `config`, takes ownership of `transport` and starts the
-  // background thread.
+  // Validates `config`, opens this rank's files (timeline, autotune log),
+  // takes ownership of `transport` and starts the background thread.
+  //
+  // Collective: every rank must call it.  The engines' first exchange tells
+  // every rank whether all others started; when one rank's Create fails, it
+  // still takes part (and returns its error), and the other ranks' engines
+  // stop, failing their collectives with FailedPrecondition naming that
+  // rank and its error, instead of waiting for it forever.
   static Status Create(const EngineConfig& config,
                        std::unique_ptr<Transport> transport,
                        std::unique_ptr<Engine>* engine);

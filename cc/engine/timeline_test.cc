@@ -640,5 +640,39 @@ TEST(TimelineEngine, CreateFailsWhenTheFileCannotBeCreated) {
   engine.reset();
 }
 
+TEST(TimelineEngine, ARankThatCannotStartFailsTheOthersInsteadOfHanging) {
+  TempDir dir;
+  const std::string file = dir.File("missing/trace.json");
+  auto world = FakeWorld::Create(2, 0, 30.0);
+  // Rank 1 writes no timeline and starts; rank 0 cannot create the file.
+  std::unique_ptr<Engine> rank1;
+  ASSERT_TRUE(Engine::Create(TimelineConfig(file), world->CreateTransport(1),
+                             &rank1)
+                  .ok());
+  std::unique_ptr<Engine> rank0;
+  Status s = Engine::Create(TimelineConfig(file), world->CreateTransport(0),
+                            &rank0);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(rank0 == nullptr);
+
+  std::promise<Status> done;
+  std::future<Status> result = done.get_future();
+  std::vector<float> in(4, 1.0f), out(4);
+  TensorEntry e;
+  e.name = "x";
+  e.shape = {4};
+  e.input = in.data();
+  e.output = out.data();
+  e.done = [&done](const Status& status) { done.set_value(status); };
+  rank1->Enqueue(std::move(e));
+  ASSERT_EQ(result.wait_for(std::chrono::seconds(20)),
+            std::future_status::ready);
+  const Status got = result.get();
+  EXPECT_EQ(got.code(), StatusCode::kFailedPrecondition) << got.ToString();
+  EXPECT_TRUE(Contains(got.message(), "rank 0 could not start"))
+      << got.message();
+  EXPECT_TRUE(Contains(got.message(), file)) << got.message();
+}
+
 }  // namespace
 }  // namespace mpistrategy

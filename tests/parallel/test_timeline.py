@@ -214,6 +214,28 @@ def test_rank_placeholder_writes_one_file_per_rank(shared_dir):
       _load(pattern.replace("{rank}", str(r)))
 
 
+def test_a_rank_that_cannot_create_the_file_fails_every_rank(shared_dir):
+  # Only rank 0 writes (no "{rank}"), and its directory does not exist: its
+  # init raises, and the other ranks' first collective fails naming rank 0
+  # and the path instead of waiting for rank 0 forever.
+  missing = os.path.join(shared_dir, "missing", "trace.json")
+  previous = mpistrategy.current_options()
+  mpistrategy.shutdown()
+  try:
+    if RANK == 0:
+      with pytest.raises(ValueError, match="missing/trace.json"):
+        mpistrategy.init(mpistrategy.Options(timeline=missing))
+    else:
+      mpistrategy.init(mpistrategy.Options(timeline=missing))
+      with pytest.raises(tf.errors.FailedPreconditionError,
+                         match=r"rank 0 could not start mpistrategy: .*"
+                         r"missing/trace\.json"):
+        ops.allreduce(tf.constant(1.0), name="timeline/after_failure")
+  finally:
+    mpistrategy.shutdown()
+    mpistrategy.init(previous)
+
+
 def test_engine_runs_without_timeline_afterwards():
   assert mpistrategy.current_options().timeline == ""
   assert ops.allreduce(tf.constant(RANK + 1.0),
