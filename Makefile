@@ -86,8 +86,11 @@ BAZEL_KEEP_SERVER ?= 0
 BAZEL_SHUTDOWN_TRAP = trap '[ "$(BAZEL_KEEP_SERVER)" = 1 ] || $(BAZEL) shutdown' EXIT;
 
 # Copies a Bazel output (read-only) over a possibly read-only older copy.
+# Replaces by rename, so processes that have the old library loaded keep
+# their (unlinked) copy instead of crashing.
 COPY_LIB = copy_lib() { mkdir -p "$$(dirname "$$2")"; [ -e "$$2" ] && chmod u+w "$$2"; \
-	cmp -s "$$1" "$$2" || cp -f "$$1" "$$2"; chmod u+w "$$2"; echo "  -> $$2"; };
+	cmp -s "$$1" "$$2" || { cp -f "$$1" "$$2.tmp.$$$$"; chmod u+w "$$2.tmp.$$$$"; \
+	  mv -f "$$2.tmp.$$$$" "$$2"; }; chmod u+w "$$2"; echo "  -> $$2"; };
 
 .PHONY: all help deps venv build build-cuda test demo bench clean distclean
 
