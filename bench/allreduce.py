@@ -473,7 +473,14 @@ def report(results, meta):
   return "\n".join(lines), verdicts
 
 
-def plot(results, path):
+def plot(results, path, meta=None):
+  """Latency vs message size (single-tensor cases), log-log, as a PNG.
+
+  Args:
+    results: {case label: {series: summary}} as built by main().
+    path: the PNG file to write.
+    meta: main()'s run metadata ("size", "device"), shown in the title.
+  """
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
@@ -501,7 +508,10 @@ def plot(results, path):
   ax.set_xticklabels([fmt_size(s) for s in xs])
   ax.set_xlabel("message size (float32)")
   ax.set_ylabel("latency, ms (median, p10-p90)")
-  ax.set_title("allreduce latency, 2 ranks")
+  title = "float32 SUM allreduce latency"
+  if meta:
+    title += f" ({meta['size']} ranks, {meta['device']})"
+  ax.set_title(title)
   ax.grid(True, which="both", alpha=0.3)
   ax.legend()
   fig.tight_layout()
@@ -636,7 +646,7 @@ def main():
         json.dump({"meta": meta, "results": results, "targets": verdicts},
                   f, indent=1)
     if args.plot:
-      plot(results, args.plot)
+      plot(results, args.plot, meta)
       print(f"plot written to {args.plot}")
   return 0
 
