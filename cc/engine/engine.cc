@@ -749,21 +749,19 @@ bool Engine::Impl::ExecuteResponses(
       Finish(ok_entries_[bucket.members[k]], bucket_status_[k]);
     }
   }
+  const bool tuning = autotuner_ != nullptr && !autotuner_->done();
+  if (timeline_ == nullptr && !tuning) return true;
+  int64_t bytes = 0;
+  for (int64_t b : ok_bytes_) bytes += b;
   if (timeline_ != nullptr) {
-    int64_t bytes = 0;
     int64_t fused = 0;
     for (const FusionBucket& bucket : plan) {
       if (bucket.members.size() > 1) ++fused;
     }
-    for (int64_t b : ok_bytes_) bytes += b;
     TraceCycle(static_cast<int64_t>(ok_responses_.size()), traced_errors,
                static_cast<int64_t>(plan.size()), fused, bytes);
   }
-  if (autotuner_ != nullptr && !autotuner_->done()) {
-    int64_t bytes = 0;
-    for (int64_t b : ok_bytes_) bytes += b;
-    RecordForAutotune(bytes);
-  }
+  if (tuning) RecordForAutotune(bytes);
   return true;
 }
 

@@ -265,13 +265,12 @@ def tuned_parameters():
   Raises:
     ValueError: mpistrategy is not initialized.
   """
-  if not is_initialized():
-    raise ValueError("mpistrategy.ops.tuned_parameters: mpistrategy is not "
-                     "initialized; call mpistrategy.init() first")
   threshold = ctypes.c_int64()
   wait_ms = ctypes.c_double()
   final = ctypes.c_int()
-  if _lib().c.mpistrategy_tuned_parameters(
+  # The C call also answers "not initialized" (-1), e.g. after a shutdown
+  # on another thread; is_initialized() first avoids loading the library.
+  if not is_initialized() or _lib().c.mpistrategy_tuned_parameters(
       ctypes.byref(threshold), ctypes.byref(wait_ms), ctypes.byref(final)):
     raise ValueError("mpistrategy.ops.tuned_parameters: mpistrategy is not "
                      "initialized; call mpistrategy.init() first")
