@@ -8,7 +8,6 @@ errors, pass-through dtypes, and `ops.allreduce`/`grouped_allreduce` and
 wire casts happen even with one process, so rounding is visible).
 """
 
-import os
 
 import numpy as np
 import pytest
@@ -31,12 +30,7 @@ NOT_FP16 = 1.0 + 2.0**-12
 NOT_BF16 = 1.0 + 2.0**-9
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _world():
-  if "OMPI_COMM_WORLD_SIZE" in os.environ:
-    pytest.skip("single-process tests run without mpirun")
-  mpistrategy.init()
-  yield
+pytestmark = pytest.mark.usefixtures("single_process_engine")
 
 
 def _ids(values):

@@ -27,12 +27,7 @@ NUMERIC = ALL[:-1]
 SHAPES = [(), (0,), (17,), (3, 5, 7)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _world():
-  if "OMPI_COMM_WORLD_SIZE" in os.environ:
-    pytest.skip("single-process tests run without mpirun")
-  mpistrategy.init()
-  yield
+pytestmark = pytest.mark.usefixtures("single_process_engine")
 
 
 def value(shape, dtype):

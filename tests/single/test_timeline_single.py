@@ -14,12 +14,7 @@ import mpistrategy
 from mpistrategy import ops
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _world():
-  if "OMPI_COMM_WORLD_SIZE" in os.environ:
-    pytest.skip("single-process tests run without mpirun")
-  mpistrategy.init()
-  yield
+pytestmark = pytest.mark.usefixtures("single_process_engine")
 
 
 @pytest.fixture
