@@ -22,7 +22,9 @@ engine's background thread cannot perturb the baseline):
            TF dispatch cost no collective op can go below (informational).
   ops      ``mpistrategy.ops.allreduce`` inside a ``tf.function``;
            ``200x16KB``: ``grouped_allreduce`` of 200 tensors in one
-           tf.function, and 200 separate ``allreduce`` calls in one
+           tf.function (packed into one buffer by the kernel), the same
+           group with ``pack=False`` (each tensor an engine entry, fused by
+           the engine), and 200 separate ``allreduce`` calls in one
            tf.function (the engine should fuse them).
   chain    4 KB only: 100 dependent allreduces inside one tf.function call,
            reported per allreduce (the op's latency without the dispatch).
@@ -246,6 +248,23 @@ def bench_ops(cases, args, device):
         check(np.asarray(r[-1]), expected, "ops grouped " + label)
         res["ops"] = summarize(s)
 
+        # The same group through the engine's fusion buffer instead of the
+        # kernel's packing (the raw op's pack=False): shows what packing
+        # saves.
+        from mpistrategy.ops import mpi_ops  # pylint: disable=import-outside-toplevel
+        unpacked_op = mpi_ops._ensure_initialized().ops  # pylint: disable=protected-access
+
+        @tf.function
+        def unpacked(t):
+          return unpacked_op.mpi_strategy_grouped_allreduce(
+              tf.split(t, count), reduce_op="sum",
+              tensor_name="bench/unpacked", pack=False)
+
+        barrier()
+        s, r = time_calls(lambda: unpacked(x), warmup, iters, host_sync)
+        check(np.asarray(r[-1]), expected, "ops unpacked " + label)
+        res["ops_unpacked"] = summarize(s)
+
         @tf.function
         def separate(t):
           return [ops.allreduce(p, op=ops.Sum) for p in tf.split(t, count)]
@@ -422,6 +441,14 @@ def report(results, meta):
     if has_mwms:
       row.append(ms(r["mwms"]) if "mwms" in r else "-")
     lines.append("| " + " | ".join(row) + " |")
+    if is_group and "ops_unpacked" in r:
+      row = [label + " grouped, pack=False (engine fusion) / raw fused",
+             ms(r["ops_unpacked"]), ms(r["raw"]),
+             f"{r['ops_unpacked']['median_ms'] / r['raw']['median_ms']:.2f}",
+             ""]
+      if has_mwms:
+        row.append("")
+      lines.append("| " + " | ".join(row) + " |")
     if is_group:
       row = [label + " 200 separate allreduce / raw fused",
              ms(r["ops_separate"]), ms(r["raw"]),

@@ -89,6 +89,26 @@ Status ValidateEntry(const TensorEntry& e, int rank, int size) {
         "bfloat16, float32, float64), got " + DataTypeName(e.dtype) +
         "; use sum and divide");
   }
+  if (!e.packed_shapes.empty()) {
+    int64_t packed_elements = 0;
+    for (const Shape& member : e.packed_shapes) {
+      for (int64_t d : member) {
+        if (d < 0) {
+          return Status::InvalidArgument(Describe(e) + ": packed shape " +
+                                         ShapeString(member) +
+                                         " has a negative dimension");
+        }
+      }
+      packed_elements += NumElements(member);
+    }
+    if (e.type != CollectiveType::kAllreduce || e.shape.size() != 1 ||
+        e.shape[0] < packed_elements) {
+      return Status::InvalidArgument(
+          Describe(e) + ": packed_shapes need a 1-D allreduce with room for " +
+          std::to_string(packed_elements) + " elements, got shape " +
+          ShapeString(e.shape));
+    }
+  }
   const bool needs_dim0 = e.type == CollectiveType::kAllgather ||
                           e.type == CollectiveType::kReducescatter ||
                           e.type == CollectiveType::kAlltoall;
@@ -159,6 +179,7 @@ Request MakeRequest(const TensorEntry& e, int rank, int size) {
   if (e.type == CollectiveType::kBarrier) return q;
   q.dtype = e.dtype;
   q.shape = e.shape;
+  q.packed_shapes = e.packed_shapes;
   if (e.type == CollectiveType::kAllreduce ||
       e.type == CollectiveType::kReducescatter) {
     q.reduce_op = e.reduce_op;

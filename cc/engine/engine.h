@@ -39,6 +39,12 @@ struct TensorEntry {
   // alltoall: rows (first-dimension slices) sent to each rank; empty means
   // an even split.
   std::vector<int64_t> splits;
+  // allreduce only: this entry is a group of tensors that the kernel packed
+  // into one 1-D buffer (grouped_allreduce), and these are their shapes, in
+  // order.  The engine treats the entry as one tensor; the shapes only take
+  // part in the cross-rank comparison, so a group that differs between ranks
+  // fails naming the tensor instead of being reduced as matching totals.
+  std::vector<Shape> packed_shapes;
   int32_t device = kCpuDevice;
   // GPU entries (device != kCpuDevice): the op's stream and GPU; null for
   // CPU entries.  See device.h.

@@ -7,8 +7,8 @@ namespace mpistrategy {
 
 namespace {
 
-constexpr uint32_t kRequestListMagic = 0x4d525131;   // "MRQ1"
-constexpr uint32_t kResponseListMagic = 0x4d525332;  // "MRS2"
+constexpr uint32_t kRequestListMagic = 0x4d525132;   // "MRQ2"
+constexpr uint32_t kResponseListMagic = 0x4d525333;  // "MRS3"
 
 // Appends fixed-width little-endian-in-memory values.  All ranks run the same
 // build on the same architecture, so host byte order is the wire order.
@@ -91,6 +91,21 @@ class Reader {
   bool ok_ = true;
 };
 
+void WriteShapes(const std::vector<Shape>& shapes, Writer* w) {
+  w->Put<uint32_t>(static_cast<uint32_t>(shapes.size()));
+  for (const Shape& s : shapes) w->PutVector(s);
+}
+
+bool ReadShapes(Reader* r, std::vector<Shape>* shapes) {
+  uint32_t n = 0;
+  if (!r->GetCount(&n, sizeof(uint32_t))) return false;
+  shapes->resize(n);
+  for (Shape& s : *shapes) {
+    if (!r->GetVector(&s)) return false;
+  }
+  return true;
+}
+
 template <typename E>
 bool GetEnum(Reader* r, E* e, uint8_t max_value) {
   uint8_t v = 0;
@@ -110,6 +125,7 @@ void WriteRequest(const Request& q, Writer* w) {
   w->Put<int32_t>(q.root_rank);
   w->Put<int32_t>(q.device);
   w->PutVector(q.splits);
+  WriteShapes(q.packed_shapes, w);
 }
 
 bool ReadRequest(Reader* r, Request* q) {
@@ -121,7 +137,7 @@ bool ReadRequest(Reader* r, Request* q) {
          GetEnum(r, &q->reduce_op,
                  static_cast<uint8_t>(ReduceOp::kProduct)) &&
          r->Get(&q->root_rank) && r->Get(&q->device) &&
-         r->GetVector(&q->splits);
+         r->GetVector(&q->splits) && ReadShapes(r, &q->packed_shapes);
 }
 
 void WriteResponse(const Response& p, Writer* w) {
@@ -132,10 +148,10 @@ void WriteResponse(const Response& p, Writer* w) {
   w->Put<uint8_t>(static_cast<uint8_t>(p.reduce_op));
   w->Put<int32_t>(p.root_rank);
   w->Put<int32_t>(p.device);
-  w->Put<uint32_t>(static_cast<uint32_t>(p.shapes.size()));
-  for (const Shape& s : p.shapes) w->PutVector(s);
+  WriteShapes(p.shapes, w);
   w->PutVector(p.first_dims);
   w->PutVector(p.splits);
+  WriteShapes(p.packed_shapes, w);
   w->Put<int32_t>(static_cast<int32_t>(p.error_code));
   w->PutString(p.error_message);
   w->PutVector(p.error_ranks);
@@ -154,16 +170,12 @@ bool ReadResponse(Reader* r, Response* p) {
   if (!GetEnum(r, &p->dtype, static_cast<uint8_t>(DataType::kFloat64)) ||
       !GetEnum(r, &p->reduce_op, static_cast<uint8_t>(ReduceOp::kProduct)) ||
       !r->Get(&p->root_rank) || !r->Get(&p->device) ||
-      !r->GetCount(&n, sizeof(uint32_t))) {
+      !ReadShapes(r, &p->shapes)) {
     return false;
-  }
-  p->shapes.resize(n);
-  for (Shape& s : p->shapes) {
-    if (!r->GetVector(&s)) return false;
   }
   int32_t code = 0;
   return r->GetVector(&p->first_dims) && r->GetVector(&p->splits) &&
-         r->Get(&code) &&
+         ReadShapes(r, &p->packed_shapes) && r->Get(&code) &&
          (p->error_code = static_cast<StatusCode>(code), true) &&
          r->GetString(&p->error_message) && r->GetVector(&p->error_ranks);
 }
@@ -180,7 +192,8 @@ Status Malformed(const char* what, size_t size) {
 bool Request::operator==(const Request& o) const {
   return rank == o.rank && type == o.type && name == o.name &&
          dtype == o.dtype && shape == o.shape && reduce_op == o.reduce_op &&
-         root_rank == o.root_rank && device == o.device && splits == o.splits;
+         root_rank == o.root_rank && device == o.device && splits == o.splits &&
+         packed_shapes == o.packed_shapes;
 }
 
 bool Response::operator==(const Response& o) const {
@@ -188,7 +201,8 @@ bool Response::operator==(const Response& o) const {
          reduce_op == o.reduce_op && root_rank == o.root_rank &&
          device == o.device && shapes == o.shapes &&
          first_dims == o.first_dims && splits == o.splits &&
-         error_code == o.error_code && error_message == o.error_message &&
+         packed_shapes == o.packed_shapes && error_code == o.error_code &&
+         error_message == o.error_message &&
          error_ranks == o.error_ranks;
 }
 

@@ -31,6 +31,10 @@ struct Request {
   int32_t device = kCpuDevice;
   // alltoall: rows sent to each rank (always explicit, one per rank).
   std::vector<int64_t> splits;
+  // allreduce of a group packed into one buffer by its kernel
+  // (TensorEntry::packed_shapes): the shapes of the packed tensors, in
+  // order; empty otherwise.  Compared across ranks like `shape`.
+  std::vector<Shape> packed_shapes;
 
   bool operator==(const Request& other) const;
 };
@@ -78,6 +82,8 @@ struct Response {
   std::vector<int64_t> first_dims;
   // alltoall: splits[r * size + j] = rows rank r sends to rank j.
   std::vector<int64_t> splits;
+  // Single-name allreduce responses: Request::packed_shapes of the name.
+  std::vector<Shape> packed_shapes;
 
   // kError only.
   StatusCode error_code = StatusCode::kOk;

@@ -19,6 +19,7 @@ RequestList SampleRequests() {
   a.root_rank = 1;
   a.device = 3;
   a.splits = {1, 2, 3};
+  a.packed_shapes = {{2, 3}, {}, {0}};
   list.requests.push_back(a);
   Request b;
   b.name = "";  // empty name and shape survive too
@@ -40,6 +41,7 @@ ResponseList SampleResponses() {
   r.shapes = {{3, 4}, {}};
   r.first_dims = {3, 5, 0};
   r.splits = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  r.packed_shapes = {{7}, {1, 1}};
   list.responses.push_back(r);
   Response e;
   e.type = ResponseType::kError;

@@ -415,6 +415,78 @@ TEST(Negotiation, MismatchesFailOnEveryRank) {
   });
 }
 
+// A group packed into one buffer by its kernel (TensorEntry::packed_shapes):
+// reduced as one tensor, cached like one, and a group that differs between
+// ranks fails on every rank naming the tensor, even when the totals agree.
+TEST(Negotiation, PackedGroupsCompareTheirTensors) {
+  const int n = 3;
+  Cluster c(n);
+  OnEveryRank(n, [&](int rank) {
+    Engine* e = c.engines[rank].get();
+    std::vector<char> buffer = Buffer(DataType::kFloat32, 8);
+    auto packed = [&](const std::string& name, std::vector<Shape> members) {
+      TensorEntry t = AllreduceEntry(name, DataType::kFloat32, {8}, buffer,
+                                     &buffer);
+      t.packed_shapes = std::move(members);
+      return t;
+    };
+    // Twice: the second call takes the cached fast path.
+    for (int call = 0; call < 2; ++call) {
+      for (int i = 0; i < 8; ++i) Set(DataType::kFloat32, &buffer, i, rank + i);
+      auto f = Submit(e, packed("group", {{2, 3}, {1}}));
+      Status s = Await(&f);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      for (int i = 0; i < 8; ++i) {
+        EXPECT_EQ(Get(DataType::kFloat32, buffer, i), 3.0 + 3 * i) << i;
+      }
+    }
+    // Rank 1 swaps the first tensor's dimensions: same total, so only the
+    // packed shapes tell; ranks 0 and 2 still match the cache.
+    {
+      auto f = Submit(e, packed("group", {rank == 1 ? Shape{3, 2}
+                                                    : Shape{2, 3},
+                                          {1}}));
+      Status s = Await(&f);
+      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+      EXPECT_TRUE(Contains(s.message(),
+                           "Mismatched allreduce \"group\": rank 0 has shape "
+                           "[2, 3] but rank 1 has shape [3, 2] for grouped "
+                           "tensor 0"))
+          << s.message();
+    }
+    // Rank 2 adds a tensor.
+    {
+      std::vector<Shape> members = {{2, 3}, {1}};
+      if (rank == 2) members.push_back({1});
+      auto f = Submit(e, packed("group", members));
+      Status s = Await(&f);
+      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+      EXPECT_TRUE(Contains(s.message(),
+                           "rank 0 has a group of 2 tensors but rank 2 has "
+                           "a group of 3 tensors"))
+          << s.message();
+    }
+    // Local misuse: packed shapes need a 1-D allreduce holding them.
+    {
+      auto f = Submit(e, packed("too-small", {{3, 3}}));
+      Status s = Await(&f);
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+      EXPECT_TRUE(Contains(s.message(), "room for 9 elements")) << s.message();
+      TensorEntry b = packed("not-allreduce", {{2}});
+      b.type = CollectiveType::kBroadcast;
+      f = Submit(e, std::move(b));
+      s = Await(&f);
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    }
+    // The same name still works with the original group.
+    {
+      auto f = Submit(e, packed("group", {{2, 3}, {1}}));
+      Status s = Await(&f);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+    }
+  });
+}
+
 TEST(Negotiation, AllgatherDifferentFirstDims) {
   const int n = 3;
   Cluster c(n);

@@ -48,6 +48,20 @@ std::string CompareRequests(const Request& a, const Request& b) {
     return Mismatch(a, b, "device", DeviceString(a.device),
                     DeviceString(b.device));
   }
+  // Before `shape`: a packed group's total agrees whenever its tensors do,
+  // and naming the tensor that differs is the useful message.
+  if (a.packed_shapes.size() != b.packed_shapes.size()) {
+    return Mismatch(a, b, "a group of",
+                    std::to_string(a.packed_shapes.size()) + " tensors",
+                    std::to_string(b.packed_shapes.size()) + " tensors");
+  }
+  for (size_t i = 0; i < a.packed_shapes.size(); ++i) {
+    if (a.packed_shapes[i] != b.packed_shapes[i]) {
+      return Mismatch(a, b, "shape", ShapeString(a.packed_shapes[i]),
+                      ShapeString(b.packed_shapes[i]),
+                      " for grouped tensor " + std::to_string(i));
+    }
+  }
   if (a.type == CollectiveType::kAllgather ||
       a.type == CollectiveType::kAlltoall) {
     if (!TrailingDimsMatch(a.shape, b.shape)) {
@@ -84,6 +98,7 @@ Response BuildResponse(const std::string& name,
   response.root_rank = ref.root_rank;
   response.device = ref.device;
   response.shapes.push_back(ref.shape);
+  response.packed_shapes = ref.packed_shapes;
   if (ref.type == CollectiveType::kAllgather) {
     for (const Request& q : requests) response.first_dims.push_back(q.shape[0]);
   } else if (ref.type == CollectiveType::kAlltoall) {

@@ -46,7 +46,8 @@ bool ResponseMatchesRequest(const Response& response, const Request& request,
                             static_cast<size_t>(rank) * world_size);
     }
     default:
-      return response.shapes[0] == request.shape;
+      return response.shapes[0] == request.shape &&
+             response.packed_shapes == request.packed_shapes;
   }
 }
 

@@ -12,7 +12,10 @@
 // shape and add the op's stream to the entry; the entry's device always comes
 // from the kernel's context (EngineDevice in tf_adapter.h).
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,9 +28,11 @@
 #include "cc/engine/engine.h"
 #include "cc/kernels/engine_holder.h"
 #include "cc/kernels/tf_adapter.h"
+#include "tensorflow/core/framework/allocator.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/framework/types.h"
 
 namespace mpistrategy {
 namespace {
@@ -145,17 +150,70 @@ class AllreduceKernel : public ReducingKernel {
   }
 };
 
-// Submits one allreduce per input; the op completes when the last one does,
-// with the first error any of them reported.
+// With `pack` (the default) it copies the inputs into one buffer per dtype
+// and all-reduces each buffer as one tensor, in place; the outputs are
+// slices of it.  The engine then sees one entry instead of one per tensor:
+// one name to negotiate and no copies into and out of its fusion buffer,
+// which is what makes a group of many small tensors cheap.  The inputs'
+// shapes travel as TensorEntry::packed_shapes, so ranks whose groups differ
+// fail naming the tensor.  Without `pack` every input is its own entry and
+// the engine fuses them.
 class GroupedAllreduceKernel : public ReducingKernel {
  public:
-  using ReducingKernel::ReducingKernel;
+  explicit GroupedAllreduceKernel(OpKernelConstruction* context)
+      : ReducingKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("pack", &pack_));
+  }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     std::shared_ptr<Engine> engine = EngineOrFail(ctx, done);
     if (engine == nullptr) return;
+    if (!pack_) {
+      SubmitEach(ctx, engine.get(), std::move(done));
+      return;
+    }
+    // Input indices by dtype, dtypes in order of first appearance.
+    std::vector<std::pair<tensorflow::DataType, std::vector<int>>> by_dtype;
+    for (int i = 0; i < ctx->num_inputs(); ++i) {
+      const tensorflow::DataType dtype = ctx->input(i).dtype();
+      auto it = std::find_if(
+          by_dtype.begin(), by_dtype.end(),
+          [dtype](const auto& group) { return group.first == dtype; });
+      if (it == by_dtype.end()) {
+        by_dtype.emplace_back(dtype, std::vector<int>());
+        it = std::prev(by_dtype.end());
+      }
+      it->second.push_back(i);
+    }
+    std::vector<TensorEntry> entries;
+    std::vector<Tensor> buffers;
+    for (const auto& [dtype, members] : by_dtype) {
+      TensorEntry entry;
+      entry.type = CollectiveType::kAllreduce;
+      entry.name = by_dtype.size() == 1
+                       ? tensor_name()
+                       : absl::StrCat(tensor_name(), ".",
+                                      tensorflow::DataTypeString(dtype));
+      entry.reduce_op = reduce_op();
+      entry.device = EngineDevice(ctx);
+      OP_REQUIRES_OK_ASYNC(ctx, ToEngineDataType(dtype, &entry.dtype), done);
+      Tensor buffer;
+      OP_REQUIRES_OK_ASYNC(ctx, Pack(ctx, dtype, members, &entry, &buffer),
+                           done);
+      entries.push_back(std::move(entry));
+      buffers.push_back(std::move(buffer));
+    }
+    SubmitGroup(ctx, engine.get(), std::move(entries), std::move(buffers),
+                std::move(done));
+  }
+
+ private:
+  // pack=false: tensor i becomes the entry `<tensor_name>.<i>`, its output
+  // forwarded from its input where TF allows; the engine fuses them.
+  void SubmitEach(OpKernelContext* ctx, Engine* engine, DoneCallback done) {
     const int n = ctx->num_inputs();
     std::vector<TensorEntry> entries(n);
+    std::vector<Tensor> inputs(n);
     for (int i = 0; i < n; ++i) {
       const Tensor& input = ctx->input(i);
       TensorEntry& entry = entries[i];
@@ -169,8 +227,18 @@ class GroupedAllreduceKernel : public ReducingKernel {
                                {i}, i, input.shape(), &output),
                            done);
       entry.output = output->NumElements() > 0 ? output->data() : nullptr;
+      inputs[i] = input;
     }
-    // Shared by the n callbacks; the last one completes the op.
+    SubmitGroup(ctx, engine, std::move(entries), std::move(inputs),
+                std::move(done));
+  }
+
+  // Enqueues `entries` together; entry k keeps `keep_alive[k]` until it
+  // completes, and the op completes when the last one does, with the first
+  // error any of them reported.
+  static void SubmitGroup(OpKernelContext* ctx, Engine* engine,
+                          std::vector<TensorEntry> entries,
+                          std::vector<Tensor> keep_alive, DoneCallback done) {
     struct Group {
       std::atomic<int> remaining;
       std::mutex mu;
@@ -178,12 +246,14 @@ class GroupedAllreduceKernel : public ReducingKernel {
       DoneCallback done;
     };
     auto group = std::make_shared<Group>();
-    group->remaining = n;
+    group->remaining = static_cast<int>(entries.size());
     group->done = std::move(done);
-    // Every entry is enqueued even if an earlier one was rejected, so the
-    // other ranks never wait for a name this rank skipped.
-    for (int i = 0; i < n; ++i) {
-      entries[i].done = [ctx, group, keep_alive = ctx->input(i)](
+    if (entries.empty()) {
+      group->done();
+      return;
+    }
+    for (size_t k = 0; k < entries.size(); ++k) {
+      entries[k].done = [ctx, group, tensor = std::move(keep_alive[k])](
                             const Status& status) {
         if (!status.ok()) {
           std::lock_guard<std::mutex> lock(group->mu);
@@ -195,8 +265,62 @@ class GroupedAllreduceKernel : public ReducingKernel {
         }
       };
     }
+    // Every entry is enqueued even if an earlier one was rejected, so the
+    // other ranks never wait for a name this rank skipped.
     engine->EnqueueGroup(std::move(entries));
   }
+
+  // Copies inputs `members` (all of `dtype`) into a new 1-D `buffer`, each
+  // at an offset aligned like any TF allocation (so the output slices are
+  // valid inputs to every kernel), sets those outputs to the slices and
+  // describes the buffer in `entry` (shape, packed_shapes, input = output).
+  static absl::Status Pack(OpKernelContext* ctx, tensorflow::DataType dtype,
+                           const std::vector<int>& members, TensorEntry* entry,
+                           Tensor* buffer) {
+    const int64_t element_size = tensorflow::DataTypeSize(dtype);
+    const int64_t align_elements = std::max<int64_t>(
+        1, tensorflow::Allocator::kAllocatorAlignment / element_size);
+    std::vector<int64_t> offsets;
+    offsets.reserve(members.size());
+    int64_t total = 0;
+    for (int i : members) {
+      total = (total + align_elements - 1) / align_elements * align_elements;
+      offsets.push_back(total);
+      total += ctx->input(i).NumElements();
+      entry->packed_shapes.push_back(ToEngineShape(ctx->input(i).shape()));
+    }
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(dtype, TensorShape({total}), buffer));
+    char* base = total > 0 ? static_cast<char*>(buffer->data()) : nullptr;
+    int64_t written = 0;  // elements; the gaps are zeroed, never read
+    for (size_t k = 0; k < members.size(); ++k) {
+      const Tensor& input = ctx->input(members[k]);
+      const int64_t count = input.NumElements();
+      if (offsets[k] > written) {
+        std::memset(base + written * element_size, 0,
+                    (offsets[k] - written) * element_size);
+      }
+      if (count > 0) {
+        std::memcpy(base + offsets[k] * element_size, input.data(),
+                    count * element_size);
+      }
+      written = offsets[k] + count;
+      Tensor output;
+      if (!output.CopyFrom(buffer->Slice(offsets[k], offsets[k] + count),
+                           input.shape())) {
+        return absl::InternalError(absl::StrCat(
+            "grouped allreduce \"", entry->name, "\": cannot view tensor ",
+            members[k], " of the packed buffer as shape ",
+            input.shape().DebugString()));
+      }
+      ctx->set_output(members[k], output);
+    }
+    entry->shape = Shape{total};
+    entry->input = base;
+    entry->output = base;
+    return absl::OkStatus();
+  }
+
+  bool pack_ = true;
 };
 
 class AllgatherKernel : public CollectiveKernel {

@@ -70,6 +70,7 @@ REGISTER_OP("MpiStrategyGroupedAllreduce")
     .Attr("T: list(" MPISTRATEGY_ALL_TYPES ") >= 1")
     .Attr(MPISTRATEGY_REDUCE_OP_ATTR)
     .Attr("tensor_name: string = ''")
+    .Attr("pack: bool = true")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       for (int i = 0; i < c->num_inputs(); ++i) c->set_output(i, c->input(i));
@@ -78,10 +79,6 @@ REGISTER_OP("MpiStrategyGroupedAllreduce")
     .Doc(R"doc(
 Reduces a list of tensors element-wise across all ranks in one submission.
 
-The tensors are submitted together, so the engine can fuse them into as few
-transport calls as its fusion threshold allows.  Tensor i is paired across
-ranks under the name `<tensor_name>.<i>`.
-
 tensors: The local contributions; may mix dtypes.
 reduced: The reductions, one per input, shaped like the inputs.
 T: Element types.
@@ -89,6 +86,14 @@ reduce_op: One of 'sum', 'mean', 'min', 'max', 'product'; applies to every
   tensor.
 tensor_name: Base name pairing this group across ranks.  Empty means the node
   name.
+pack: If true (CPU kernel), the tensors of each dtype are copied into one
+  buffer that is reduced in place as a single collective named
+  `<tensor_name>` (`<tensor_name>.<dtype>` when the group mixes dtypes); the
+  outputs are slices of it.  This costs one buffer of the group's size and
+  makes many small tensors cheap.  If false (and always on GPU), tensor i is
+  submitted as `<tensor_name>.<i>` and the engine fuses the tensors through
+  its fusion buffer.  Either way a group that differs between ranks fails
+  naming the tensor.
 )doc");
 
 REGISTER_OP("MpiStrategyAllgather")

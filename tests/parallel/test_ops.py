@@ -218,6 +218,50 @@ def test_grouped_allreduce_mean_and_empty():
   assert ops.grouped_allreduce([]) == []
 
 
+def _grouped_allreduce_unpacked(tensors, name):
+  """The raw op with pack=False: each tensor is its own engine entry."""
+  from mpistrategy.ops import mpi_ops  # pylint: disable=import-outside-toplevel
+  return mpi_ops._ensure_initialized().ops.mpi_strategy_grouped_allreduce(  # pylint: disable=protected-access
+      tensors, reduce_op="sum", tensor_name=name, pack=False)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("pack", [True, False])
+def test_grouped_allreduce_odd_sizes_and_mixed_dtypes(mode, pack):
+  # Odd element counts put every packed tensor after padding (each output
+  # must start aligned); float16 and int8 make the padding uneven in bytes.
+  specs = [(tf.float16, [3]), (tf.float32, [5, 1]), (tf.int8, [7]),
+           (tf.float16, []), (tf.float32, [0]), (tf.float32, [129])]
+  xs = [tf.constant(contribution(RANK, shape, dtype), dtype=dtype)
+        for dtype, shape in specs]
+
+  def fn(*t):
+    if pack:
+      ys = ops.grouped_allreduce(list(t), name=f"grouped/odd/{mode}")
+    else:
+      ys = _grouped_allreduce_unpacked(list(t), f"grouped/odd/{mode}/each")
+    # The outputs feed ordinary kernels (which may assume alignment).
+    return [y * tf.cast(2, y.dtype) for y in ys]
+
+  for _ in range(2):  # the second call takes the cached fast path
+    ys = run(mode, fn, *xs)
+    for (dtype, shape), y in zip(specs, ys):
+      assert y.dtype == dtype and y.shape.as_list() == shape
+      want = 2 * np.asarray(expected_reduce(
+          [contribution(r, shape, dtype) for r in range(SIZE)], "sum", dtype))
+      np.testing.assert_array_equal(as_float(y), want.astype(np.float64))
+
+
+def test_grouped_allreduce_outputs_outlive_each_other():
+  # The outputs share one buffer: dropping some must not free the others.
+  ys = ops.grouped_allreduce([tf.fill([1000], float(RANK)) for _ in range(4)],
+                             name="grouped/lifetime")
+  keep = ys[2]
+  del ys
+  _ = [tf.ones([1000]) * 7.0 for _ in range(20)]  # reuse freed memory
+  np.testing.assert_array_equal(keep.numpy(), np.full([1000], S - SIZE))
+
+
 # ---------------------------------------------------------------- allgather
 
 
@@ -568,6 +612,29 @@ def test_mismatched_allgather_trailing_dims_in_function():
     return ops.allgather(x, name="mismatch/gather")
   _expect_failed_precondition(lambda: fn(tf.ones([2, RANK + 1])),
                               "mismatch/gather")
+
+
+@needs_peers
+def test_mismatched_grouped_tensor_shape_fails_naming_it():
+  # Same total size on every rank ([2, 3] vs [3, 2]): only the packed
+  # shapes tell the groups apart.
+  shape = [2, 3] if RANK == 0 else [3, 2]
+  message = _expect_failed_precondition(
+      lambda: ops.grouped_allreduce(
+          [tf.ones([4]), tf.ones(shape), tf.ones([1])],
+          name="mismatch/grouped"),
+      "mismatch/grouped")
+  assert "grouped tensor 1" in message, message
+  assert "[2, 3]" in message and "[3, 2]" in message, message
+
+
+@needs_peers
+def test_mismatched_group_length_fails_naming_it():
+  xs = [tf.ones([4])] * (2 if RANK == 0 else 3)
+  message = _expect_failed_precondition(
+      lambda: ops.grouped_allreduce(xs, name="mismatch/group_length"),
+      "mismatch/group_length")
+  assert "a group of 2 tensors" in message, message
 
 
 @needs_peers

@@ -21,6 +21,11 @@ import tensorflow as tf
 
 import mpistrategy
 from mpistrategy import ops
+from mpistrategy.ops import mpi_ops
+
+
+def _lib():
+  return mpi_ops._ensure_initialized()  # pylint: disable=protected-access
 
 RANK = int(os.environ.get("OMPI_COMM_WORLD_RANK",
                           os.environ.get("PMI_RANK", "0")))
@@ -32,6 +37,7 @@ GROUP = 4
 # Row name -> the span of its collective.
 COLLECTIVES = dict(
     [(f"tl/grouped.{i}", "ALLREDUCE") for i in range(GROUP)] + [
+        ("tl/packed", "ALLREDUCE"),
         ("tl/allreduce", "ALLREDUCE"),
         ("tl/allgather", "ALLGATHER"),
         ("tl/broadcast", "BROADCAST"),
@@ -81,12 +87,20 @@ def _run_with_timeline(timeline, iterations):
 
     @tf.function
     def step(xs, y, g, b):
-      fused = ops.grouped_allreduce(xs, name="tl/grouped")
+      # pack=False: one engine entry per tensor, fused by the engine (what
+      # the MEMCPY_*_FUSION_BUFFER spans show).  grouped_allreduce packs
+      # the group itself: one row, no fusion-buffer copies.
+      fused = _lib().ops.mpi_strategy_grouped_allreduce(
+          xs, reduce_op="sum", tensor_name="tl/grouped", pack=False)
+      # int32: no other allreduce here has that dtype, so the packed
+      # buffer is never fused with another entry.
+      packed = ops.grouped_allreduce([tf.cast(x, tf.int32) for x in xs],
+                                     name="tl/packed")
       summed = ops.allreduce(y, name="tl/allreduce")
       gathered = ops.allgather(g, name="tl/allgather")
       root = ops.broadcast(b, root_rank=0, name="tl/broadcast")
       ops.barrier(name="tl/barrier")
-      return fused, summed, gathered, root
+      return fused + packed, summed, gathered, root
 
     xs = [tf.fill([16 + i], float(RANK + 1)) for i in range(GROUP)]
     y = tf.constant([RANK + 1.0], tf.float64)  # float64: never fused with xs
@@ -94,8 +108,10 @@ def _run_with_timeline(timeline, iterations):
     b = tf.fill([3], float(RANK))
     for _ in range(iterations):
       fused, summed, gathered, root = step(xs, y, g, b)
+      assert len(fused) == 2 * GROUP
       for i, t in enumerate(fused):
-        np.testing.assert_array_equal(t.numpy(), np.full([16 + i], S))
+        np.testing.assert_array_equal(t.numpy(),
+                                      np.full([16 + i % GROUP], S))
       assert summed.numpy().tolist() == [S]
       assert tuple(gathered.shape) == (SIZE * (SIZE + 1) // 2, 2)
       assert root.numpy().tolist() == [0.0] * 3
@@ -160,6 +176,11 @@ def _check_rows(events, iterations):
   for name in FUSED:
     bucket = [e for e in rows[name] if e["name"] == "ALLREDUCE"]
     assert all(e["args"]["bucket_tensors"] >= GROUP for e in bucket), bucket
+  # The packed buffer: tensors of 16..19 int32s, each starting at a
+  # multiple of 16 elements (64 bytes): offsets 0, 16, 48, 80; 99 in all.
+  packed = [e for e in rows["tl/packed"] if e["name"] == "NEGOTIATE"]
+  assert [e["args"]["shape"] for e in packed] == ["[99]"] * len(packed), (
+      packed)
   return rows
 
 

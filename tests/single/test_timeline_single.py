@@ -12,6 +12,7 @@ import tensorflow as tf
 
 import mpistrategy
 from mpistrategy import ops
+from mpistrategy.ops import mpi_ops
 
 
 pytestmark = pytest.mark.usefixtures("single_process_engine")
@@ -44,7 +45,10 @@ def test_single_rank_trace(tmp_path, restore_options, name):
   path = str(tmp_path / name)
   mpistrategy.shutdown()
   mpistrategy.init(mpistrategy.Options(timeline=path))
-  ys = ops.grouped_allreduce([tf.ones([5]), tf.ones([7])], name="g")
+  # pack=False: two engine entries fused in one bucket (the packed default
+  # would be a single entry without fusion-buffer copies).
+  ys = mpi_ops._ensure_initialized().ops.mpi_strategy_grouped_allreduce(  # pylint: disable=protected-access
+      [tf.ones([5]), tf.ones([7])], tensor_name="g", pack=False)
   np.testing.assert_array_equal(ys[1].numpy(), np.ones([7]))
   mpistrategy.shutdown()
   written = path.replace("{rank}", "0")
