@@ -9,6 +9,8 @@
 
 #include "cc/engine/engine.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -499,6 +501,8 @@ Status Engine::Impl::StickyStatusFor(const std::string& name) const {
 }
 
 void Engine::Impl::Loop() {
+  // Named so that top -H, perf and gdb show which thread is the engine.
+  pthread_setname_np(pthread_self(), "mpistrategy");
   const Status startup = AgreeOnStartup(transport_.get(), Status::Ok());
   if (!startup.ok()) {
     Fatal(startup.code() == StatusCode::kFailedPrecondition

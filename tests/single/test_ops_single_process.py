@@ -252,6 +252,28 @@ def test_not_initialized_error_from_kernel_then_reinit():
   assert mpistrategy.is_initialized()
 
 
+def _engine_threads():
+  """Threads of this process named like the engine's (Linux)."""
+  names = []
+  for task in os.listdir("/proc/self/task"):
+    try:
+      with open(f"/proc/self/task/{task}/comm") as f:
+        names.append(f.read().strip())
+    except FileNotFoundError:  # the thread ended meanwhile
+      pass
+  return [n for n in names if n == "mpistrategy"]
+
+
+def test_engine_thread_is_named_and_joined_by_shutdown():
+  mpistrategy.init()
+  assert _engine_threads() == ["mpistrategy"]
+  options = mpistrategy.current_options()
+  mpistrategy.shutdown()
+  assert _engine_threads() == []
+  mpistrategy.init(options)
+  assert _engine_threads() == ["mpistrategy"]
+
+
 def test_init_validates_options():
   with pytest.raises(TypeError, match="options"):
     mpistrategy.init({"cycle_time_ms": 1.0})
