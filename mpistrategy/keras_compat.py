@@ -19,6 +19,21 @@ multi-process `MPIStrategy`, so single-process code is unaffected.
    other ranks would print the same numbers N times, interleaved).  Only the
    progress-bar callback is silenced; `print` and `model.summary()` are left
    alone.
+
+3. `BatchNormalization(synchronized=False)` moving statistics: Keras 3
+   creates `moving_mean`/`moving_variance` as ordinary non-trainable weights
+   (Keras 2 made them sync-on-read with MEAN aggregation), so under a
+   multi-worker strategy each rank updates its mirrored copy from its own
+   batch and the copies silently drift apart: `predict` rows then depend on
+   which rank computed them, and the checkpoint holds rank 0's statistics
+   only (TF's MultiWorkerMirroredStrategy has the same gap).  After a
+   training-mode call, the patch replaces the layer's non-trainable float
+   weights by their mean over ranks (one packed `grouped_allreduce` per
+   layer and step).  Every rank then holds the same statistics, and the
+   moving mean is what one process would compute from the global batch
+   (the mean of equal shards' means); the moving variance averages the
+   shards' variances.  The forward pass still normalizes with the local
+   batch's statistics, as non-synchronized batch normalization does.
 """
 
 import tensorflow as tf
@@ -75,6 +90,41 @@ def _patch_progbar(rank):
   cls.set_params = set_params
 
 
+def _patch_batch_normalization():
+  from keras.src.layers.normalization import batch_normalization  # pylint: disable=g-import-not-at-top
+  cls = batch_normalization.BatchNormalization
+  original = cls.call
+  if getattr(original, "_mpistrategy_patched", False):
+    return
+
+  def call(self, inputs, training=None, mask=None):
+    outputs = original(self, inputs, training=training, mask=mask)
+    # The same condition under which the original updated the statistics.
+    if (training and self.trainable and not self.synchronized and
+        _active_mpi_world() > 1):
+      _average_over_ranks(self)
+    return outputs
+
+  call._mpistrategy_patched = True  # pylint: disable=protected-access
+  call.__doc__ = original.__doc__
+  cls.call = call
+
+
+def _average_over_ranks(layer):
+  """Replaces `layer`'s non-trainable float weights by their cross-rank mean."""
+  from mpistrategy import ops  # pylint: disable=g-import-not-at-top
+  variables = [v for v in layer.non_trainable_variables
+               if tf.as_dtype(v.dtype).is_floating]
+  if not variables:
+    return
+  with tf.name_scope("MPIBatchNormStatistics"):
+    # Reads after the layer's own assign (automatic control dependencies).
+    averaged = ops.grouped_allreduce([v.value for v in variables],
+                                     op=ops.Average)
+  for variable, value in zip(variables, averaged):
+    variable.assign(value)
+
+
 _WORLD = {"size": 1}
 
 
@@ -93,6 +143,9 @@ def install(rank, size):
   if "lso" not in _INSTALLED:
     _patch_loss_scale_optimizer()
     _INSTALLED.add("lso")
+  if "batch_norm" not in _INSTALLED:
+    _patch_batch_normalization()
+    _INSTALLED.add("batch_norm")
   if "progbar" not in _INSTALLED and size > 1:
     _patch_progbar(rank)
     _INSTALLED.add("progbar")

@@ -301,7 +301,9 @@ class MPIStrategy(tf.distribute.MultiWorkerMirroredStrategy):
   * installs small, idempotent compatibility patches (see
     `mpistrategy.keras_compat` and `mpistrategy.checkpoint`): Keras'
     `LossScaleOptimizer` skips a step on every rank when any rank overflows;
-    Keras progress bars print on rank 0 only; `ModelCheckpoint`,
+    Keras progress bars print on rank 0 only; the moving statistics of
+    non-synchronized `BatchNormalization` layers are averaged over ranks
+    after each training step, so they cannot drift apart; `ModelCheckpoint`,
     `BackupAndRestore` and `tf.train.Checkpoint` write the user's paths on
     rank 0 only and restore rank 0's files on every rank.
 

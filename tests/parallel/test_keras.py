@@ -253,6 +253,32 @@ def test_synchronized_batch_norm_agrees(strategy, digits):
 
 
 @pytest.mark.timeout(300)
+def test_unsynchronized_batch_norm_statistics_stay_identical(strategy, digits):
+  """BatchNormalization(synchronized=False): no per-rank drift."""
+  def build():
+    return keras.Sequential([
+        keras.Input((64,)), keras.layers.BatchNormalization(),
+        keras.layers.Dense(32, activation="relu"),
+        keras.layers.BatchNormalization(), keras.layers.Dense(10)])
+
+  model, ref, _, _, _, _, _ = _fit_pair(strategy, digits, 2, "sgd",
+                                        build=build, epochs=1)
+  # Every rank saw different rows; the moving statistics must still agree
+  # bit for bit (they are what predict uses and what checkpoints save).
+  _assert_bit_identical_across_ranks(_weights_and_slots(model),
+                                     "weights incl. BN moving statistics")
+  # The first layer normalizes the inputs themselves, so its moving mean is
+  # the single-process one: the global batch's mean is the mean of the
+  # equal shards' means.
+  first, ref_first = model.layers[0], ref.layers[0]
+  _assert_close([first.moving_mean.numpy()], [ref_first.moving_mean.numpy()],
+                "first BN moving mean")
+  if mpistrategy.size() > 1:
+    # The statistics moved away from their initial values.
+    assert not np.allclose(first.moving_mean.numpy(), 0.0)
+
+
+@pytest.mark.timeout(300)
 def test_mixed_float16_one_rank_overflows(strategy, digits):
   """Only rank 1 overflows: every rank skips the same steps, no hang."""
   x, y, _, _ = digits
