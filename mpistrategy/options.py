@@ -75,7 +75,8 @@ class Options:
       event); empty (the default) disables it.
     cache_capacity: Number of negotiated collectives remembered for the
       steady-state fast path (bit-vector agreement instead of a gather and a
-      broadcast).  An integer >= 0; 0 disables the cache.  Default 1024.
+      broadcast); when full, the least recently used one is forgotten.  An
+      integer >= 0; 0 disables the cache.  Default 1024.
     stall_warning_seconds: A collective submitted by some ranks but not by
       others for this long is logged with the missing ranks.  A number >= 0;
       0 disables the warning.  Default 60.

@@ -40,7 +40,8 @@ struct EngineConfig {
   // Python).
   AutotuneSettings autotune_settings;
 
-  // Number of negotiated collectives remembered for the bit-vector fast path.
+  // Number of negotiated collectives remembered for the bit-vector fast path
+  // (least recently used ones are forgotten first; 0 disables the cache).
   int32_t cache_capacity = 1024;
 
   // A tensor some ranks submitted and others did not for this long is logged

@@ -609,7 +609,9 @@ bool Engine::Impl::RunCycle() {
     while (word != 0) {
       const int b = __builtin_ctzll(word);
       word &= word - 1;
-      responses_.push_back(&cache_.Get(static_cast<int>((w - 1) * 64 + b)));
+      const int bit = static_cast<int>((w - 1) * 64 + b);
+      cache_.Touch(bit);
+      responses_.push_back(&cache_.Get(bit));
     }
   }
   if (responses_.empty()) return true;

@@ -9,6 +9,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "cc/engine/engine.h"
@@ -274,6 +275,75 @@ TEST(Negotiation, FastPathInSteadyState) {
     EngineStats s = c.engines[r]->stats();
     EXPECT_EQ(s.slow_cycles, slow_after_first[r]) << "rank " << r;
     EXPECT_GE(s.fast_responses, 5 * 28) << "rank " << r;
+  }
+}
+
+// A full cache forgets its least recently used entry: a stream of one-shot
+// names (eager calls are numbered) must not keep a recurring collective off
+// the fast path, and the evictions must keep the bits consistent across
+// ranks (ranks submit in different orders; every result is checked).
+TEST(Negotiation, FullCacheEvictsLeastRecentlyUsed) {
+  const int n = 3;
+  EngineConfig config = TestConfig();
+  config.cache_capacity = 3;
+  Cluster c(n, config);
+  std::vector<int64_t> fast_before(n), fast_after(n);
+  OnEveryRank(n, [&](int rank) {
+    Engine* e = c.engines[rank].get();
+    // Sums `value` (per rank) over the ranks under `name`; checks the result.
+    auto reduce = [&](const std::string& name, int64_t count, double value,
+                      double expected) {
+      std::vector<char> in = Buffer(DataType::kFloat64, count);
+      std::vector<char> out = Buffer(DataType::kFloat64, count);
+      for (int64_t i = 0; i < count; ++i) Set(DataType::kFloat64, &in, i, value);
+      return std::make_tuple(std::move(in), std::move(out), expected);
+    };
+    // Ten one-shot names fill the cache.
+    for (int k = 0; k < 10; ++k) {
+      auto [in, out, want] = reduce("", 2, rank + k, 3.0 + 3 * k);
+      auto f = Submit(e, AllreduceEntry("eager/allreduce." + std::to_string(k),
+                                        DataType::kFloat64, {2}, in, &out));
+      ASSERT_TRUE(Await(&f).ok());
+      ASSERT_EQ(Get(DataType::kFloat64, out, 1), want);
+    }
+    // A recurring name is still cached: from its second call on it takes
+    // the fast path (alone in flight, so every cycle is all-cached).
+    fast_before[rank] = e->stats().fast_responses;
+    for (int k = 0; k < 10; ++k) {
+      auto [in, out, want] = reduce("", 4, rank * k, 3.0 * k);
+      auto f = Submit(e, AllreduceEntry("steady", DataType::kFloat64, {4}, in,
+                                        &out));
+      ASSERT_TRUE(Await(&f).ok());
+      ASSERT_EQ(Get(DataType::kFloat64, out, 3), want);
+    }
+    fast_after[rank] = e->stats().fast_responses;
+    // Churn: six names over three bits, submitted in a different order on
+    // every rank; a bit naming different collectives on different ranks
+    // would pair the wrong tensors (wrong sums) or fail.
+    std::mt19937 rng(99 + rank);
+    for (int round = 0; round < 20; ++round) {
+      std::vector<int> order = {0, 1, 2, 3, 4, 5};
+      std::shuffle(order.begin(), order.end(), rng);
+      std::vector<std::vector<char>> ins(6), outs(6);
+      std::vector<double> wants(6);
+      std::vector<std::future<Status>> fs(6);
+      for (int t : order) {
+        std::tie(ins[t], outs[t], wants[t]) =
+            reduce("", 1 + t, rank * 10 + t + round, 30.0 + 3 * (t + round));
+        fs[t] = Submit(e, AllreduceEntry("churn." + std::to_string(t),
+                                         DataType::kFloat64, {1 + t}, ins[t],
+                                         &outs[t]));
+      }
+      for (int t = 0; t < 6; ++t) {
+        Status s = Await(&fs[t]);
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        ASSERT_EQ(Get(DataType::kFloat64, outs[t], t), wants[t])
+            << "round " << round << " tensor " << t;
+      }
+    }
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_GE(fast_after[r] - fast_before[r], 9) << "rank " << r;
   }
 }
 

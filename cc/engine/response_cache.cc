@@ -63,14 +63,27 @@ void ResponseCache::Put(const Response& response) {
   if (response.type == ResponseType::kError || response.names.size() != 1) {
     return;
   }
+  if (capacity_ <= 0) return;
   auto it = bit_by_name_.find(response.names[0]);
   if (it != bit_by_name_.end()) {
     entries_[it->second] = response;
+    Touch(it->second);
     return;
   }
-  if (size() >= capacity_) return;
-  bit_by_name_.emplace(response.names[0], size());
-  entries_.push_back(response);
+  if (size() < capacity_) {
+    bit_by_name_.emplace(response.names[0], size());
+    entries_.push_back(response);
+    last_used_.push_back(0);
+    Touch(size() - 1);
+    return;
+  }
+  const int victim = static_cast<int>(
+      std::min_element(last_used_.begin(), last_used_.end()) -
+      last_used_.begin());
+  bit_by_name_.erase(entries_[victim].names[0]);
+  bit_by_name_.emplace(response.names[0], victim);
+  entries_[victim] = response;
+  Touch(victim);
 }
 
 }  // namespace mpistrategy

@@ -8,14 +8,20 @@
 // cached response can run without talking to the coordinator.
 //
 // Policy: a name negotiated again with different parameters replaces its
-// entry in place (same bit); once `capacity` names are cached, new names are
-// simply not cached (no eviction, so bits never move).
+// entry in place (same bit).  Once `capacity` names are cached, a new name
+// takes the bit of the least recently used entry, so one-shot names (eager
+// calls are numbered) cannot crowd out a training step's collectives for
+// good.  "Used" means inserted or executed from the cache (Touch); every
+// rank executes the same responses in the same order, so every rank evicts
+// the same entry and the bits keep naming the same collective everywhere.
+// Evictions happen only in slow cycles, where no rank relies on its bits.
 //
 // Thread-compatible; used by the engine thread only.
 
 #ifndef MPISTRATEGY_CC_ENGINE_RESPONSE_CACHE_H_
 #define MPISTRATEGY_CC_ENGINE_RESPONSE_CACHE_H_
 
+#include <cstdint>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -46,13 +52,19 @@ class ResponseCache {
   // Entry `bit`; 0 <= bit < size().
   const Response& Get(int bit) const { return entries_[bit]; }
 
-  // Inserts (or replaces in place) a single-name, non-error response.
-  // Ignores error responses and multi-name responses.
+  // Inserts (or replaces in place) a single-name, non-error response and
+  // marks it used; when the cache is full, the least recently used entry
+  // gives up its bit.  Ignores error responses and multi-name responses.
   void Put(const Response& response);
+
+  // Marks entry `bit` used (it ran from the cache); 0 <= bit < size().
+  void Touch(int bit) { last_used_[bit] = ++uses_; }
 
  private:
   int capacity_;
   std::vector<Response> entries_;
+  std::vector<uint64_t> last_used_;  // per bit, in units of uses_
+  uint64_t uses_ = 0;
   std::unordered_map<std::string, int> bit_by_name_;
 };
 
