@@ -34,6 +34,7 @@ import tensorflow as tf
 # TODO(lead): move this private import to mpistrategy/_tf_private.py.
 from tensorflow.python.framework import auto_control_deps as _acd  # pylint: disable=g-direct-tensorflow-import
 
+from mpistrategy import _tf_threads
 from mpistrategy import compression as compression_lib
 from mpistrategy.ops import _library
 from mpistrategy.options import Options
@@ -130,7 +131,10 @@ def init(options=None):
 
   Idempotent: calling it again with the same resolved options does nothing.
   The `MPISTRATEGY_<FIELD>` environment variables override `options` (see
-  `mpistrategy.Options.from_env`).  MPI is initialized with
+  `mpistrategy.Options.from_env`).  When several ranks share a host and the
+  launcher did not bind them to CPUs, TensorFlow's thread pools are sized to
+  this rank's share of the host's CPUs unless chosen already (see
+  `mpistrategy._tf_threads`).  MPI is initialized with
   `MPI_THREAD_MULTIPLE` unless it already is (e.g. by mpi4py, which then
   keeps owning it); an MPI initialized here is finalized at process exit.
 
@@ -175,6 +179,7 @@ def init(options=None):
       error_class = _ERRORS_BY_CODE.get(code, tf.errors.UnknownError)
       raise error_class(None, None, f"mpistrategy.init failed: {message}")
     _state.options = resolved
+    _tf_threads.share_cpus(lib.c.mpistrategy_local_size())
     if not _state.atexit_registered:
       # Registered after mpi4py's own exit handler (if mpi4py was imported
       # first), so it runs before MPI is finalized.
