@@ -3,7 +3,7 @@
     python bench/keras_step.py            # driver: launches the three runs
 
 The driver runs the same model (MLP 1024-1024-1024-10, 2.1 M parameters,
-global batch 128, steps_per_execution 1) in four configurations, `--rounds`
+global batch 128, steps_per_execution 1) in five configurations, `--rounds`
 times in turn (default 3, so that slow drift of the machine affects all
 alike), and prints a table of the medians:
 
@@ -12,9 +12,14 @@ alike), and prints a table of the medians:
 * `mwms`:   `mpirun -np 2`, TF's own `tf.distribute.MultiWorkerMirroredStrategy`
   with `TF_CONFIG` on localhost ports (mpirun only launches; the rank comes
   from OMPI_COMM_WORLD_RANK);
+* `mwms_shared`: `mwms` with TensorFlow's thread pools sized the way
+  `mpistrategy.init()` sizes them (`TF_NUM_INTRAOP_THREADS` and
+  `TF_NUM_INTEROP_THREADS` = CPUs // ranks): shows how much of the gap is
+  that sizing rather than communication;
 * `independent`: `mpirun -np 2`, each rank training its own model on its
-  share of the batch with the default strategy: the same compute and the
-  same competition for cores as a 2-rank job, without any communication.
+  share of the batch with the default strategy and the same thread sizing:
+  the same compute and the same competition for cores as a 2-rank
+  MPIStrategy job, without any communication.
 
 Overhead = step time minus the single-process step time.  The target is an
 MPIStrategy overhead of at most 1/3 of MWMS's.  On one machine the ranks
@@ -83,7 +88,7 @@ def worker(args):
   """One process of one configuration; rank 0 writes the JSON result."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
-  if args.mode == "mwms":
+  if args.mode in ("mwms", "mwms_shared"):
     os.environ["TF_CONFIG"] = json.dumps({
         "cluster": {"worker": ["localhost:%d" % p for p in args.ports]},
         "task": {"type": "worker", "index": rank}})
@@ -94,7 +99,7 @@ def worker(args):
     sys.path.insert(0, ROOT)
     import mpistrategy  # pylint: disable=g-import-not-at-top
     strategy = mpistrategy.MPIStrategy()
-  elif args.mode == "mwms":
+  elif args.mode in ("mwms", "mwms_shared"):
     _patch_stock_mwms_for_keras3()
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=tf.distribute.experimental.CommunicationOptions(
@@ -144,7 +149,9 @@ def driver(args):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
              OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
              PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  modes = ("single", "mpi", "mwms", "independent")
+  modes = ("single", "mpi", "mwms", "mwms_shared", "independent")
+  # What mpistrategy.init() sets for ranks sharing this host (unbound).
+  share = str(max(1, (os.cpu_count() or 1) // args.np))
   runs = {mode: [] for mode in modes}
   for _, mode in [(r, m) for r in range(args.rounds) for m in modes]:
     out = os.path.join("/tmp", "keras_step_%s_%d.json" % (mode, os.getpid()))
@@ -153,11 +160,15 @@ def driver(args):
            "--warmup", str(args.warmup), "--np", str(args.np),
            "--global-batch", str(args.global_batch)]
     if mode != "single":
-      if mode == "mwms":
+      if mode in ("mwms", "mwms_shared"):
         cmd += ["--ports"] + [str(p) for p in _free_ports(args.np)]
+      threads = []
+      if mode in ("mwms_shared", "independent"):
+        threads = ["-x", "TF_NUM_INTRAOP_THREADS=" + share,
+                   "-x", "TF_NUM_INTEROP_THREADS=" + share]
       cmd = [args.mpirun, "-np", str(args.np), "--oversubscribe",
              "--bind-to", "none", "-x", "PYTHONPATH", "-x",
-             "TF_CPP_MIN_LOG_LEVEL"] + cmd
+             "TF_CPP_MIN_LOG_LEVEL"] + threads + cmd
     print("running", mode, "...", flush=True)
     proc = subprocess.run(cmd, env=env, timeout=args.timeout,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -182,6 +193,7 @@ def driver(args):
   print("%-22s %12s %14s" % ("configuration", "step (ms)", "overhead (ms)"))
   for mode, label in (("single", "1 process"), ("mpi", "MPIStrategy"),
                       ("mwms", "MWMS (gRPC, patched)"),
+                      ("mwms_shared", "MWMS, threads sized"),
                       ("independent", "%d independent procs" % args.np)):
     t = results[mode]["median_s"]
     print("%-22s %12.2f %14.2f" % (label, t * 1e3, (t - single) * 1e3))
@@ -189,11 +201,15 @@ def driver(args):
   mwms_over = results["mwms"]["median_s"] - single
   ratio = mpi_over / mwms_over if mwms_over > 0 else float("nan")
   print("MPIStrategy overhead / MWMS overhead = %.2f (target <= 0.33)" % ratio)
+  shared_over = results["mwms_shared"]["median_s"] - single
+  print("MPIStrategy overhead / overhead of MWMS with the same thread sizing "
+        "= %.2f" % (mpi_over / shared_over if shared_over > 0
+                    else float("nan")))
   alone = results["independent"]["median_s"]
   mpi_comm = results["mpi"]["median_s"] - alone
-  mwms_comm = results["mwms"]["median_s"] - alone
-  print("Communication alone (step minus independent): MPIStrategy %.2f ms, "
-        "MWMS %.2f ms, ratio %.2f" % (
+  mwms_comm = results["mwms_shared"]["median_s"] - alone
+  print("Communication alone (step minus independent, both with sized "
+        "threads): MPIStrategy %.2f ms, MWMS %.2f ms, ratio %.2f" % (
             mpi_comm * 1e3, mwms_comm * 1e3,
             mpi_comm / mwms_comm if mwms_comm > 0 else float("nan")))
 
@@ -201,7 +217,8 @@ def driver(args):
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-  p.add_argument("--mode", choices=["single", "mpi", "mwms", "independent"])
+  p.add_argument("--mode", choices=["single", "mpi", "mwms", "mwms_shared",
+                                    "independent"])
   p.add_argument("--out")
   p.add_argument("--ports", type=int, nargs="*")
   p.add_argument("--np", type=int, default=2)
