@@ -51,6 +51,20 @@ std::string Describe(const TensorEntry& e) {
   return std::string(CollectiveTypeName(e.type)) + " \"" + e.name + "\"";
 }
 
+// InvalidArgument naming `e` and `shape` (its `what`) when a dimension of
+// `shape` is negative.
+Status CheckNoNegativeDimension(const TensorEntry& e, const char* what,
+                                const Shape& shape) {
+  for (int64_t d : shape) {
+    if (d < 0) {
+      return Status::InvalidArgument(Describe(e) + ": " + what + " " +
+                                     ShapeString(shape) +
+                                     " has a negative dimension");
+    }
+  }
+  return Status::Ok();
+}
+
 // Local misuse, checked before anything is queued.
 Status ValidateEntry(const TensorEntry& e, int rank, int size) {
   if (e.name.empty()) {
@@ -74,13 +88,7 @@ Status ValidateEntry(const TensorEntry& e, int rank, int size) {
         Describe(e) + ": unknown reduce op " +
         std::to_string(static_cast<int>(e.reduce_op)));
   }
-  for (int64_t d : e.shape) {
-    if (d < 0) {
-      return Status::InvalidArgument(Describe(e) + ": shape " +
-                                     ShapeString(e.shape) +
-                                     " has a negative dimension");
-    }
-  }
+  MPISTRATEGY_RETURN_IF_ERROR(CheckNoNegativeDimension(e, "shape", e.shape));
   const int64_t bytes = NumElements(e.shape) * DataTypeSize(e.dtype);
   const bool reduces = e.type == CollectiveType::kAllreduce ||
                        e.type == CollectiveType::kReducescatter;
@@ -94,13 +102,8 @@ Status ValidateEntry(const TensorEntry& e, int rank, int size) {
   if (!e.packed_shapes.empty()) {
     int64_t packed_elements = 0;
     for (const Shape& member : e.packed_shapes) {
-      for (int64_t d : member) {
-        if (d < 0) {
-          return Status::InvalidArgument(Describe(e) + ": packed shape " +
-                                         ShapeString(member) +
-                                         " has a negative dimension");
-        }
-      }
+      MPISTRATEGY_RETURN_IF_ERROR(
+          CheckNoNegativeDimension(e, "packed shape", member));
       packed_elements += NumElements(member);
     }
     if (e.type != CollectiveType::kAllreduce || e.shape.size() != 1 ||
