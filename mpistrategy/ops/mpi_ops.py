@@ -534,6 +534,24 @@ def grouped_allreduce(tensors, op=Sum, name=None, compression=None):
           for r, (_, context) in zip(reduced, compressed)]
 
 
+def _grouped_allreduce_unpacked(tensors, name):
+  """A SUM `grouped_allreduce` without the kernel's packing.
+
+  Each tensor is its own engine entry, `<name>.<i>`, and the engine fuses
+  them through its fusion buffer (the op's `pack=False`).  For the tests
+  and benchmarks that observe or time the engine's fusion.
+
+  Args:
+    tensors: A non-empty list of tensors.
+    name: Base name pairing the group across ranks.
+
+  Returns:
+    A list of `tf.Tensor`, one per input.
+  """
+  return list(_ensure_initialized().ops.mpi_strategy_grouped_allreduce(
+      tensors, reduce_op=ReduceOp.SUM.value, tensor_name=name, pack=False))
+
+
 @tf.autograph.experimental.do_not_convert
 def allgather(tensor, name=None):
   """Concatenates every rank's `tensor` along the first dimension.

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 import mpistrategy
 from mpistrategy import ops
+from mpistrategy.ops import mpi_ops
 
 # From the launcher, so that collecting this module starts nothing; the
 # fixture below initializes mpistrategy and test_rank_and_size_match_mpirun
@@ -218,13 +219,6 @@ def test_grouped_allreduce_mean_and_empty():
   assert ops.grouped_allreduce([]) == []
 
 
-def _grouped_allreduce_unpacked(tensors, name):
-  """The raw op with pack=False: each tensor is its own engine entry."""
-  from mpistrategy.ops import mpi_ops  # pylint: disable=import-outside-toplevel
-  return mpi_ops._ensure_initialized().ops.mpi_strategy_grouped_allreduce(  # pylint: disable=protected-access
-      tensors, reduce_op="sum", tensor_name=name, pack=False)
-
-
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("pack", [True, False])
 def test_grouped_allreduce_odd_sizes_and_mixed_dtypes(mode, pack):
@@ -239,7 +233,8 @@ def test_grouped_allreduce_odd_sizes_and_mixed_dtypes(mode, pack):
     if pack:
       ys = ops.grouped_allreduce(list(t), name=f"grouped/odd/{mode}")
     else:
-      ys = _grouped_allreduce_unpacked(list(t), f"grouped/odd/{mode}/each")
+      ys = mpi_ops._grouped_allreduce_unpacked(  # pylint: disable=protected-access
+          list(t), f"grouped/odd/{mode}/each")
     # The outputs feed ordinary kernels (which may assume alignment).
     return [y * tf.cast(2, y.dtype) for y in ys]
 

@@ -23,10 +23,6 @@ import mpistrategy
 from mpistrategy import ops
 from mpistrategy.ops import mpi_ops
 
-
-def _lib():
-  return mpi_ops._ensure_initialized()  # pylint: disable=protected-access
-
 RANK = int(os.environ.get("OMPI_COMM_WORLD_RANK",
                           os.environ.get("PMI_RANK", "0")))
 SIZE = int(os.environ.get("OMPI_COMM_WORLD_SIZE",
@@ -90,8 +86,7 @@ def _run_with_timeline(timeline, iterations):
       # pack=False: one engine entry per tensor, fused by the engine (what
       # the MEMCPY_*_FUSION_BUFFER spans show).  grouped_allreduce packs
       # the group itself: one row, no fusion-buffer copies.
-      fused = _lib().ops.mpi_strategy_grouped_allreduce(
-          xs, reduce_op="sum", tensor_name="tl/grouped", pack=False)
+      fused = mpi_ops._grouped_allreduce_unpacked(xs, "tl/grouped")  # pylint: disable=protected-access
       # int32: no other allreduce here has that dtype, so the packed
       # buffer is never fused with another entry.
       packed = ops.grouped_allreduce([tf.cast(x, tf.int32) for x in xs],

@@ -47,8 +47,8 @@ def test_single_rank_trace(tmp_path, restore_options, name):
   mpistrategy.init(mpistrategy.Options(timeline=path))
   # pack=False: two engine entries fused in one bucket (the packed default
   # would be a single entry without fusion-buffer copies).
-  ys = mpi_ops._ensure_initialized().ops.mpi_strategy_grouped_allreduce(  # pylint: disable=protected-access
-      [tf.ones([5]), tf.ones([7])], tensor_name="g", pack=False)
+  ys = mpi_ops._grouped_allreduce_unpacked(  # pylint: disable=protected-access
+      [tf.ones([5]), tf.ones([7])], "g")
   np.testing.assert_array_equal(ys[1].numpy(), np.ones([7]))
   mpistrategy.shutdown()
   written = path.replace("{rank}", "0")
