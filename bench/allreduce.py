@@ -252,13 +252,11 @@ def bench_ops(cases, args, device):
         # kernel's packing (the raw op's pack=False): shows what packing
         # saves.
         from mpistrategy.ops import mpi_ops  # pylint: disable=import-outside-toplevel
-        unpacked_op = mpi_ops._ensure_initialized().ops  # pylint: disable=protected-access
 
         @tf.function
         def unpacked(t):
-          return unpacked_op.mpi_strategy_grouped_allreduce(
-              tf.split(t, count), reduce_op="sum",
-              tensor_name="bench/unpacked", pack=False)
+          return mpi_ops._grouped_allreduce_unpacked(  # pylint: disable=protected-access
+              tf.split(t, count), "bench/unpacked")
 
         barrier()
         s, r = time_calls(lambda: unpacked(x), warmup, iters, host_sync)
@@ -430,46 +428,37 @@ def report(results, meta):
     header.append("MWMS (RING)")
   lines.append("| " + " | ".join(header) + " |")
   lines.append("|" + "---|" * len(header))
+
+  def add_row(cells, mwms=""):
+    if has_mwms:
+      cells = cells + [mwms]
+    lines.append("| " + " | ".join(cells) + " |")
+
+  def versus_raw(r, name, key):
+    """A row of another ops variant against the same raw baseline."""
+    ratio = r[key]["median_ms"] / r["raw"]["median_ms"]
+    add_row([name, ms(r[key]), ms(r["raw"]), f"{ratio:.2f}", ""])
+
   for label, r in results.items():
     if "ops" not in r or "raw" not in r:
       continue
     ratio = r["ops"]["median_ms"] / r["raw"]["median_ms"]
     r["ratio"] = ratio
     is_group = "x" in label
-    row = [label + (" grouped_allreduce / raw fused" if is_group else ""),
-           ms(r["ops"]), ms(r["raw"]), f"{ratio:.2f}", ms(r["floor"])]
-    if has_mwms:
-      row.append(ms(r["mwms"]) if "mwms" in r else "-")
-    lines.append("| " + " | ".join(row) + " |")
+    add_row([label + (" grouped_allreduce / raw fused" if is_group else ""),
+             ms(r["ops"]), ms(r["raw"]), f"{ratio:.2f}", ms(r["floor"])],
+            ms(r["mwms"]) if "mwms" in r else "-")
     if is_group and "ops_unpacked" in r:
-      row = [label + " grouped, pack=False (engine fusion) / raw fused",
-             ms(r["ops_unpacked"]), ms(r["raw"]),
-             f"{r['ops_unpacked']['median_ms'] / r['raw']['median_ms']:.2f}",
-             ""]
-      if has_mwms:
-        row.append("")
-      lines.append("| " + " | ".join(row) + " |")
+      versus_raw(r, label + " grouped, pack=False (engine fusion) / raw fused",
+                 "ops_unpacked")
     if is_group:
-      row = [label + " 200 separate allreduce / raw fused",
-             ms(r["ops_separate"]), ms(r["raw"]),
-             f"{r['ops_separate']['median_ms'] / r['raw']['median_ms']:.2f}",
-             ""]
-      if has_mwms:
-        row.append("")
-      lines.append("| " + " | ".join(row) + " |")
-      row = [label + " raw: 200 separate Allreduce", "",
-             ms(r["raw_separate"]), "", ""]
-      if has_mwms:
-        row.append("")
-      lines.append("| " + " | ".join(row) + " |")
+      versus_raw(r, label + " 200 separate allreduce / raw fused",
+                 "ops_separate")
+      add_row([label + " raw: 200 separate Allreduce", "",
+               ms(r["raw_separate"]), "", ""])
     if "ops_chain_per_op" in r:
-      chain_ratio = r["ops_chain_per_op"]["median_ms"] / r["raw"]["median_ms"]
-      row = [label + f" per op, {CHAIN_LENGTH} chained in one tf.function",
-             ms(r["ops_chain_per_op"]), ms(r["raw"]), f"{chain_ratio:.2f}",
-             ""]
-      if has_mwms:
-        row.append("")
-      lines.append("| " + " | ".join(row) + " |")
+      versus_raw(r, label + f" per op, {CHAIN_LENGTH} chained in one "
+                 "tf.function", "ops_chain_per_op")
   lines.append("")
   lines.append("Targets:")
   verdicts = []
