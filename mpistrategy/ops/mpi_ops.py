@@ -7,10 +7,18 @@ background thread negotiates with the other ranks, so collectives may be
 issued in any order on different ranks as long as their names agree.
 
 Names: a collective is matched across ranks by name.  Without an explicit
-`name`, eager calls are named `eager/<op>.<n>` (a per-process counter per op
-kind: eager code runs in the same order on every rank) and calls inside a
-`tf.function` `<function graph path>/<unique op name>`, which is identical
-on every rank because every rank traces the same program.  The graph path
+`name`, eager calls are named `eager/<op>` (an eager call blocks until its
+collective is done, so one thread has at most one in flight, and eager code
+runs in the same order on every rank) and calls inside a `tf.function`
+`<function graph path>/<unique op name>`, which is identical on every rank
+because every rank traces the same program.  The eager name is the same for
+every call on purpose: TensorFlow builds and caches one kernel per distinct
+set of attributes, and the name is an attribute, so a name that changed per
+call would build a new kernel every call (about 0.5 ms, and a cache that
+only grows) and miss the engine's response cache.  For the same reason an
+explicit `name` should not contain a step counter.  Threads that issue eager
+collectives concurrently must give them explicit names that agree across
+ranks.  The graph path
 lists the enclosing function graphs (e.g. `train_step/cond_true/...`) with
 TensorFlow's process-global uid suffixes removed, so a rank that traced more
 functions than the others (say, rank 0 saving a checkpoint) still agrees.
@@ -23,7 +31,6 @@ Every function initializes mpistrategy on first use (`init()` with
 import atexit
 import ctypes
 import enum
-import itertools
 import operator
 import re
 import sys
@@ -116,7 +123,6 @@ class _State:
     self.options = None          # the Options the engine runs with
     self.atexit_registered = False
     self.previous_excepthook = None
-    self.eager_counters = {}     # op kind -> itertools.count
 
 
 _state = _State()
@@ -382,10 +388,7 @@ def _tensor_name(name, kind):
   if name is not None:
     return name
   if tf.executing_eagerly():
-    with _state.lock:
-      counter = _state.eager_counters.setdefault(kind, itertools.count())
-      n = next(counter)
-    return f"eager/{kind}.{n}"
+    return f"eager/{kind}"
   graph = tf.compat.v1.get_default_graph()
   return f"{_graph_path(graph)}/{graph.unique_name(kind)}"
 

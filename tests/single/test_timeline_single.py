@@ -65,3 +65,22 @@ def test_single_rank_trace(tmp_path, restore_options, name):
   cycles = [e for e in events if e["name"] == "CYCLE"]
   assert [c["args"]["tensors"] for c in cycles] == [2]
   assert cycles[0]["args"]["fused_buckets"] == 1
+
+
+def test_repeated_eager_calls_reuse_one_name(tmp_path, restore_options):
+  # A name that changed per eager call would make TensorFlow build a new
+  # kernel for every call (the name is an op attribute) and miss the
+  # engine's response cache; the timeline shows one row per name.
+  path = str(tmp_path / "trace.json")
+  mpistrategy.shutdown()
+  mpistrategy.init(mpistrategy.Options(timeline=path))
+  for _ in range(3):
+    ops.allreduce(tf.ones([2]))
+    ops.allgather(tf.ones([1, 2]))
+  mpistrategy.shutdown()
+  with open(path) as f:
+    events = json.load(f)
+  rows = {e["args"]["name"] for e in events
+          if e["ph"] == "M" and e["name"] == "thread_name"}
+  assert rows - {"negotiation cycles"} == {"eager/allreduce",
+                                           "eager/allgather"}
