@@ -52,6 +52,11 @@ class CollectiveKernel : public AsyncOpKernel {
     if (tensor_name_.empty()) tensor_name_ = name();
   }
 
+  // ComputeAsync only validates and enqueues; the collective runs on the
+  // engine thread.  Telling TF's executor so lets it run the kernel inline
+  // instead of handing it to the inter-op pool (one thread hop per op).
+  bool IsExpensive() override { return false; }
+
  protected:
   // The name pairing this op's collective across ranks.
   const std::string& tensor_name() const { return tensor_name_; }
