@@ -48,3 +48,29 @@ def test_short_soak_rss_growth_below_5_percent(launch):
     assert growth < 5.0, (f"rank {rank}: RSS grew {growth:+.2f} % between "
                           f"step 100 and 300\n" + job.describe())
   assert job.returncode == 0, job.describe()
+
+
+@pytest.mark.timeout(180)
+def test_allreduce_bench_smoke(launch):
+  """bench/allreduce.py runs every form and prints a verdict per target.
+
+  Tiny sizes and few iterations: this checks the script, not the numbers
+  (its own result checks fail the run if a collective is wrong).
+  """
+  job = launch(os.path.join(ROOT, "bench", "allreduce.py"), np=2,
+               timeout=150,
+               args=["--sizes", "4KB,3x4KB", "--iters", "10", "--rounds", "2"])
+  job.assert_no_leftovers()
+  assert not job.timed_out, job.describe()
+  assert job.returncode == 0, job.describe()
+  text = "\n".join(job.rank_lines(0))
+  for row in ["| 4 KB, one tf.function call |", "| 4 KB, one eager call |",
+              "| 4 KB, per op, 30 chained in one tf.function |",
+              "| 3 x 4 KB grouped_allreduce vs raw fused, per op, 30 chained",
+              "| 3 x 4 KB as separate allreduces in one tf.function |"]:
+    assert row in text, f"missing row {row!r}\n" + job.describe()
+  verdicts = re.findall(r"^- 4 KB latency < 0\.1 ms \((.*)\): .* -> "
+                        r"(PASS|MISS)$", text, re.M)
+  assert [form for form, _ in verdicts] == [
+      "one tf.function call, incl. TF dispatch", "one eager call",
+      "per op, chained in one tf.function"], job.describe()
