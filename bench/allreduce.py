@@ -618,8 +618,11 @@ def plot(results, path, meta=None):
   single.sort(key=lambda t: t[0])
   xs = [s for s, _ in single]
   fig, ax = plt.subplots(figsize=(7, 4.5))
-  series = [("ops", "mpistrategy ops (tf.function)"),
+  series = [("ops", "mpistrategy ops (one tf.function call)"),
+            ("ops_chain_per_op",
+             "mpistrategy ops (per op, chained in one tf.function)"),
             ("raw", "raw mpi4py Allreduce"),
+            ("raw_inplace", "raw mpi4py Allreduce, in place"),
             ("mwms", "TF MultiWorkerMirroredStrategy (RING)"),
             ("floor", "tf.function floor (tf.identity)")]
   for key, name in series:
