@@ -82,6 +82,12 @@ void Executor::Trace(const char* activity,
     int64_t bytes = 0;
     for (const Response* r : responses) bytes += AllreduceBytes(*r);
     args.Add("bucket_bytes", bytes);
+    // A lone tensor is reduced in place when the op's output is its input
+    // (TF forwarded the buffer); a fused bucket goes through the buffer.
+    if (entries.size() == 1) {
+      args.Add("in_place",
+               static_cast<int64_t>(entries[0]->input == entries[0]->output));
+    }
   }
   if (first.type != ResponseType::kBarrier) {
     args.Add("dtype", DataTypeName(first.dtype));

@@ -104,8 +104,12 @@ class CollectiveKernel : public AsyncOpKernel {
   static void Submit(OpKernelContext* ctx, Engine* engine, TensorEntry entry,
                      Tensor keep_alive, DoneCallback done) {
     entry.done = [ctx, keep_alive = std::move(keep_alive),
-                  done = std::move(done)](const Status& status) {
+                  done = std::move(done)](const Status& status) mutable {
       if (!status.ok()) ctx->SetStatus(ToTfStatus(status));
+      // Let go of the input before TF sees the op done: the next op may
+      // then reuse the buffer in place, which TF allows only when it holds
+      // the buffer's sole reference.
+      keep_alive = Tensor();
       done();
     };
     engine->Enqueue(std::move(entry));
@@ -259,7 +263,8 @@ class GroupedAllreduceKernel : public ReducingKernel {
     }
     for (size_t k = 0; k < entries.size(); ++k) {
       entries[k].done = [ctx, group, tensor = std::move(keep_alive[k])](
-                            const Status& status) {
+                            const Status& status) mutable {
+        tensor = Tensor();  // as in Submit: before TF sees the op done
         if (!status.ok()) {
           std::lock_guard<std::mutex> lock(group->mu);
           if (group->status.ok()) group->status = ToTfStatus(status);

@@ -209,7 +209,10 @@ class GpuCollectiveKernel : public AsyncOpKernel {
       event_mgr->ThenExecute(
           stream, [async = std::move(async),
                    keep_alive = std::move(keep_alive),
-                   finish = std::move(finish)]() {
+                   finish = std::move(finish)]() mutable {
+            // The stream is past the collective; let go of the input
+            // before TF sees the op done, so the next op may reuse it.
+            keep_alive = Tensor();
             finish(async == nullptr ? absl::OkStatus()
                                     : ToTfStatus(async->Get()));
           });

@@ -84,3 +84,36 @@ def test_repeated_eager_calls_reuse_one_name(tmp_path, restore_options):
           if e["ph"] == "M" and e["name"] == "thread_name"}
   assert rows - {"negotiation cycles"} == {"eager/allreduce",
                                            "eager/allgather"}
+
+
+def test_chained_allreduces_reduce_in_place(tmp_path, restore_options):
+  # Each allreduce in the chain gets the previous one's output, which
+  # nothing else holds, so TF may forward it and the op reduces in place.
+  # The kernel must let go of its input before TF sees the op done;
+  # otherwise every other op of the chain found the buffer still shared
+  # and copied into a new one.
+  path = str(tmp_path / "trace.json")
+  mpistrategy.shutdown()
+  mpistrategy.init(mpistrategy.Options(timeline=path))
+
+  @tf.function
+  def chain(x):
+    for i in range(4):
+      x = ops.allreduce(x, name=f"chain.{i}")
+    return x
+
+  x = tf.ones([1024])
+  for _ in range(3):
+    np.testing.assert_array_equal(chain(x).numpy(), np.ones([1024]))
+  mpistrategy.shutdown()
+  with open(path) as f:
+    events = json.load(f)
+  rows = {e["tid"]: e["args"]["name"] for e in events
+          if e["ph"] == "M" and e["name"] == "thread_name"}
+  in_place = {}
+  for e in events:
+    if e["ph"] == "X" and e["name"] == "ALLREDUCE":
+      in_place.setdefault(rows[e["tid"]], []).append(e["args"]["in_place"])
+  # The first op's input is the function's argument, held by the caller.
+  assert in_place == {"chain.0": [0, 0, 0], "chain.1": [1, 1, 1],
+                      "chain.2": [1, 1, 1], "chain.3": [1, 1, 1]}
