@@ -7,21 +7,23 @@ background thread negotiates with the other ranks, so collectives may be
 issued in any order on different ranks as long as their names agree.
 
 Names: a collective is matched across ranks by name.  Without an explicit
-`name`, eager calls are named `eager/<op>` (an eager call blocks until its
-collective is done, so one thread has at most one in flight, and eager code
-runs in the same order on every rank) and calls inside a `tf.function`
-`<function graph path>/<unique op name>`, which is identical on every rank
-because every rank traces the same program.  The eager name is the same for
-every call on purpose: TensorFlow builds and caches one kernel per distinct
-set of attributes, and the name is an attribute, so a name that changed per
-call would build a new kernel every call (about 0.5 ms, and a cache that
-only grows) and miss the engine's response cache.  For the same reason an
-explicit `name` should not contain a step counter.  Threads that issue eager
-collectives concurrently must give them explicit names that agree across
-ranks.  The graph path
-lists the enclosing function graphs (e.g. `train_step/cond_true/...`) with
-TensorFlow's process-global uid suffixes removed, so a rank that traced more
-functions than the others (say, rank 0 saving a checkpoint) still agrees.
+`name`, calls inside a `tf.function` are named `<function graph path>/<unique
+op name>`, which is identical on every rank because every rank traces the
+same program.  The graph path lists the enclosing function graphs (e.g.
+`train_step/cond_true/...`) with TensorFlow's process-global uid suffixes
+removed, so a rank that traced more functions than the others (say, rank 0
+saving a checkpoint) still agrees.
+
+Eager calls are named `eager/<op>`, the same name for every call: an eager
+call blocks until its collective is done, so one thread has at most one in
+flight, and eager code runs in the same order on every rank.  The name is
+an op attribute and TensorFlow builds and caches one kernel per distinct set
+of attributes, so a name that changed per call would build a new kernel
+every call (about 0.5 ms, and a cache that only grows) and miss the engine's
+response cache.  For the same reason an explicit `name` should not contain
+a step counter.  Threads that issue eager collectives concurrently must give
+them explicit names that agree across ranks.
+
 An explicit `name` is used as-is.
 
 Every function initializes mpistrategy on first use (`init()` with
