@@ -22,6 +22,9 @@ import uuid
 
 import pytest
 
+from _job_env import clean_env
+from _job_env import leftovers
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 SCRIPTS = os.path.join(HERE, "scripts")
@@ -113,40 +116,6 @@ class Job:
     return text if len(text) <= limit else "...\n" + text[-limit:]
 
 
-def _clean_env(extra):
-  # Drop what would make the job think it is part of another MPI job (when
-  # pytest itself runs under mpirun) and the caller's MPISTRATEGY_* settings
-  # (each test sets its own); keep OMPI_MCA_* tuning.
-  env = {k: v for k, v in os.environ.items()
-         if k.startswith("OMPI_MCA_") or
-         not k.startswith(("OMPI_", "PMIX_", "OPAL_", "MPISTRATEGY_",
-                           "PMI_"))}
-  env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"]
-                              if env.get("PYTHONPATH") else "")
-  # Not unbuffered: Python would then write a traceback in fragments, and
-  # --tag-output tags every fragment.  stderr is line-buffered anyway, and
-  # the scripts write their events with one write(2) each (_rankio.emit).
-  env.pop("PYTHONUNBUFFERED", None)
-  # INFO off, WARNING on: the engine's stall warning must stay visible.
-  env["TF_CPP_MIN_LOG_LEVEL"] = "1"
-  env["CUDA_VISIBLE_DEVICES"] = ""
-  if os.geteuid() == 0:
-    env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
-    env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
-  env.update(extra or {})
-  return env
-
-
-def _leftovers(marker):
-  """PIDs (other than ours) whose command line contains `marker`."""
-  pgrep = shutil.which("pgrep")
-  if pgrep is None:
-    return []
-  out = subprocess.run([pgrep, "-f", marker], capture_output=True, text=True,
-                       check=False).stdout
-  return [int(p) for p in out.split() if int(p) != os.getpid()]
-
-
 def run_job(script, np=2, env=None, args=(), timeout=120, mpi=True):
   """Runs tests/launcher/scripts/`script` on `np` ranks (or without mpirun).
 
@@ -163,7 +132,7 @@ def run_job(script, np=2, env=None, args=(), timeout=120, mpi=True):
   """
   marker = f"mpistrategy-launcher-{uuid.uuid4().hex[:12]}"
   path = script if os.path.isabs(script) else os.path.join(SCRIPTS, script)
-  env = _clean_env(env)
+  env = clean_env(env)
   prog = [PYTHON, path, f"--marker={marker}", *args]
   if mpi:
     forwarded = []
@@ -192,7 +161,7 @@ def run_job(script, np=2, env=None, args=(), timeout=120, mpi=True):
       os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
       pass
-    for pid in _leftovers(marker):
+    for pid in leftovers(marker):
       try:
         os.kill(pid, signal.SIGKILL)
       except ProcessLookupError:
@@ -206,10 +175,10 @@ def run_job(script, np=2, env=None, args=(), timeout=120, mpi=True):
 def assert_no_leftovers(job, grace=5.0):
   """Fails (after killing them) if processes of `job` are still running."""
   deadline = time.time() + grace
-  pids = _leftovers(job.marker)
+  pids = leftovers(job.marker)
   while pids and time.time() < deadline:
     time.sleep(0.2)
-    pids = _leftovers(job.marker)
+    pids = leftovers(job.marker)
   if pids:
     detail = subprocess.run(["ps", "-o", "pid,stat,etime,args", "-p",
                              ",".join(map(str, pids))],

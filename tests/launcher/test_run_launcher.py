@@ -19,6 +19,9 @@ import uuid
 
 import pytest
 
+from _job_env import clean_env
+from _job_env import leftovers
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 SCRIPT = os.path.join(HERE, "scripts", "run_launcher.py")
@@ -34,32 +37,14 @@ _EVENT = re.compile(r"^@@ (\d+) ([0-9.]+) (\S+) ?(.*)$")
 
 
 def _env(extra=None):
-  # As tests/launcher/conftest.py: nothing from an enclosing MPI job, no
-  # MPISTRATEGY_* of the caller, the checkout first on PYTHONPATH.
-  env = {k: v for k, v in os.environ.items()
-         if k.startswith("OMPI_MCA_") or
-         not k.startswith(("OMPI_", "PMIX_", "OPAL_", "MPISTRATEGY_",
-                           "PMI_", "SLURM_"))}
-  env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"]
-                              if env.get("PYTHONPATH") else "")
-  env.pop("PYTHONUNBUFFERED", None)
-  env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-  env["CUDA_VISIBLE_DEVICES"] = ""
-  # Single-copy shared memory (CMA) fails in many containers; 2 ranks may
-  # exceed the cores.
-  env["OMPI_MCA_btl_vader_single_copy_mechanism"] = "none"
-  env["OMPI_MCA_rmaps_base_oversubscribe"] = "1"
-  if os.geteuid() == 0:
-    env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
-    env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
-  env.update(extra or {})
-  return env
-
-
-def _leftovers(marker):
-  out = subprocess.run(["pgrep", "-f", marker], capture_output=True,
-                       text=True, check=False, timeout=30).stdout
-  return [int(p) for p in out.split() if int(p) != os.getpid()]
+  # The launcher builds the mpirun command itself, so the tuning that
+  # conftest's jobs pass as mpirun flags travels as OMPI_MCA_* variables:
+  # single-copy shared memory (CMA) fails in many containers, and 2 ranks
+  # may exceed the cores.
+  return clean_env(dict({"OMPI_MCA_btl_vader_single_copy_mechanism": "none",
+                         "OMPI_MCA_rmaps_base_oversubscribe": "1"},
+                        **(extra or {})),
+                   tf_log_level="2")
 
 
 def _alive(pid):
@@ -117,7 +102,7 @@ class Job:
       os.killpg(self.proc.pid, signal.SIGKILL)
     except ProcessLookupError:
       pass
-    for pid in _leftovers(self.marker):
+    for pid in leftovers(self.marker):
       try:
         os.kill(pid, signal.SIGKILL)
       except ProcessLookupError:
@@ -153,7 +138,7 @@ class Job:
   def assert_no_leftovers(self, pids=(), grace=5.0):
     deadline = time.time() + grace
     while time.time() < deadline:
-      left = set(_leftovers(self.marker)) | {p for p in pids if _alive(p)}
+      left = set(leftovers(self.marker)) | {p for p in pids if _alive(p)}
       if not left:
         return
       time.sleep(0.2)
