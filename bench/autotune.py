@@ -42,6 +42,8 @@ if _ROOT not in sys.path:
 
 import numpy as np  # pylint: disable=wrong-import-position
 
+from _mpirun import mpirun_command  # pylint: disable=wrong-import-position
+
 COUNT = 200
 TENSOR_BYTES = 16 << 10
 STARTS = {
@@ -58,11 +60,7 @@ def _mpirun(np_, argv, extra_env=None, timeout=900):
                                if env.get("PYTHONPATH") else "")
   env.update(extra_env or {})
   exports = ["PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL"] + sorted(extra_env or {})
-  cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none",
-         "--mca", "btl_vader_single_copy_mechanism", "none"]
-  for name in exports:
-    cmd += ["-x", name]
-  cmd += [sys.executable] + argv
+  cmd = mpirun_command(np_, [sys.executable] + argv, exports)
   proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
                         timeout=timeout, check=False)
   if proc.returncode != 0:

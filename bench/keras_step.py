@@ -39,6 +39,8 @@ import subprocess
 import sys
 import time
 
+from _mpirun import mpirun_command  # bench/, this script's directory
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -162,13 +164,11 @@ def driver(args):
     if mode != "single":
       if mode in ("mwms", "mwms_shared"):
         cmd += ["--ports"] + [str(p) for p in _free_ports(args.np)]
-      threads = []
+      exports = ["PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL"]
       if mode in ("mwms_shared", "independent"):
-        threads = ["-x", "TF_NUM_INTRAOP_THREADS=" + share,
-                   "-x", "TF_NUM_INTEROP_THREADS=" + share]
-      cmd = [args.mpirun, "-np", str(args.np), "--oversubscribe",
-             "--bind-to", "none", "-x", "PYTHONPATH", "-x",
-             "TF_CPP_MIN_LOG_LEVEL"] + threads + cmd
+        exports += ["TF_NUM_INTRAOP_THREADS=" + share,
+                    "TF_NUM_INTEROP_THREADS=" + share]
+      cmd = mpirun_command(args.np, cmd, exports, mpirun=args.mpirun)
     print("running", mode, "...", flush=True)
     proc = subprocess.run(cmd, env=env, timeout=args.timeout,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
