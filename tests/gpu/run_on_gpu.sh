@@ -10,7 +10,8 @@
 #   3. np1     tests/gpu with 1 rank: NCCL on the op's stream
 #   4. np2     tests/gpu with 2 processes sharing the GPU: NCCL refuses that,
 #              so MPI with host staging (the log must say so)
-#   5. bench   bench/allreduce.py --device gpu (1 rank)
+#   5. bench   bench/allreduce.py --device gpu (1 rank, 2 rounds: each
+#              round restarts the engine and its NCCL communicator)
 #
 # Usage:  tests/gpu/run_on_gpu.sh
 # Env:    OUT            folder for the logs (default build/gpu-logs); at
@@ -134,7 +135,7 @@ gpu_tests() {
 bench() {
   "$MPIRUN" -np 1 --bind-to none -x PYTHONPATH -x PYTHONUNBUFFERED \
     -x TF_CPP_MIN_LOG_LEVEL "$PY" bench/allreduce.py --device gpu \
-    --json "$LOG_DIR/bench.json"
+    --rounds 2 --json "$LOG_DIR/bench.json"
 }
 
 export ROOT LOG_DIR MPIRUN VENV PY
