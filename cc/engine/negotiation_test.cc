@@ -279,9 +279,10 @@ TEST(Negotiation, FastPathInSteadyState) {
 }
 
 // A full cache forgets its least recently used entry: a stream of one-shot
-// names (eager calls are numbered) must not keep a recurring collective off
-// the fast path, and the evictions must keep the bits consistent across
-// ranks (ranks submit in different orders; every result is checked).
+// names (say, names with a step counter) must not keep a recurring
+// collective off the fast path, and the evictions must keep the bits
+// consistent across ranks (ranks submit in different orders; every result
+// is checked).
 TEST(Negotiation, FullCacheEvictsLeastRecentlyUsed) {
   const int n = 3;
   EngineConfig config = TestConfig();
@@ -290,9 +291,9 @@ TEST(Negotiation, FullCacheEvictsLeastRecentlyUsed) {
   std::vector<int64_t> fast_before(n), fast_after(n);
   OnEveryRank(n, [&](int rank) {
     Engine* e = c.engines[rank].get();
-    // Sums `value` (per rank) over the ranks under `name`; checks the result.
-    auto reduce = [&](const std::string& name, int64_t count, double value,
-                      double expected) {
+    // Input (`count` copies of this rank's `value`), output buffer and the
+    // expected sum over the ranks, for one float64 allreduce.
+    auto buffers = [](int64_t count, double value, double expected) {
       std::vector<char> in = Buffer(DataType::kFloat64, count);
       std::vector<char> out = Buffer(DataType::kFloat64, count);
       for (int64_t i = 0; i < count; ++i) Set(DataType::kFloat64, &in, i, value);
@@ -300,8 +301,8 @@ TEST(Negotiation, FullCacheEvictsLeastRecentlyUsed) {
     };
     // Ten one-shot names fill the cache.
     for (int k = 0; k < 10; ++k) {
-      auto [in, out, want] = reduce("", 2, rank + k, 3.0 + 3 * k);
-      auto f = Submit(e, AllreduceEntry("eager/allreduce." + std::to_string(k),
+      auto [in, out, want] = buffers(2, rank + k, 3.0 + 3 * k);
+      auto f = Submit(e, AllreduceEntry("one-shot." + std::to_string(k),
                                         DataType::kFloat64, {2}, in, &out));
       ASSERT_TRUE(Await(&f).ok());
       ASSERT_EQ(Get(DataType::kFloat64, out, 1), want);
@@ -310,7 +311,7 @@ TEST(Negotiation, FullCacheEvictsLeastRecentlyUsed) {
     // the fast path (alone in flight, so every cycle is all-cached).
     fast_before[rank] = e->stats().fast_responses;
     for (int k = 0; k < 10; ++k) {
-      auto [in, out, want] = reduce("", 4, rank * k, 3.0 * k);
+      auto [in, out, want] = buffers(4, rank * k, 3.0 * k);
       auto f = Submit(e, AllreduceEntry("steady", DataType::kFloat64, {4}, in,
                                         &out));
       ASSERT_TRUE(Await(&f).ok());
@@ -329,7 +330,7 @@ TEST(Negotiation, FullCacheEvictsLeastRecentlyUsed) {
       std::vector<std::future<Status>> fs(6);
       for (int t : order) {
         std::tie(ins[t], outs[t], wants[t]) =
-            reduce("", 1 + t, rank * 10 + t + round, 30.0 + 3 * (t + round));
+            buffers(1 + t, rank * 10 + t + round, 30.0 + 3 * (t + round));
         fs[t] = Submit(e, AllreduceEntry("churn." + std::to_string(t),
                                          DataType::kFloat64, {1 + t}, ins[t],
                                          &outs[t]));
