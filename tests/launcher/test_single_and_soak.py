@@ -74,3 +74,32 @@ def test_allreduce_bench_smoke(launch):
   assert [form for form, _ in verdicts] == [
       "one tf.function call, incl. TF dispatch", "one eager call",
       "per op, chained in one tf.function"], job.describe()
+
+
+@pytest.mark.timeout(120)
+def test_group_floor_bench_smoke(launch):
+  """bench/group_floor.py times its three variants in a world of one."""
+  job = launch(os.path.join(ROOT, "bench", "group_floor.py"), mpi=False,
+               timeout=90,
+               args=["--tensors", "3", "--elements", "4", "--chain", "2",
+                     "--calls", "2", "--blocks", "1"])
+  job.assert_no_leftovers()
+  assert not job.timed_out, job.describe()
+  assert job.returncode == 0, job.describe()
+  rows = re.findall(r"^\| (.+?) \| ([0-9.]+) \| ([0-9.]+) \|$", job.stdout,
+                    re.M)
+  assert [label for label, _, _ in rows] == [
+      "tf.identity_n", "tf.split(tf.concat(...))", "ops.grouped_allreduce"
+  ], job.describe()
+  for label, fastest, median in rows:
+    assert 0 < float(fastest) <= float(median), (label, job.describe())
+
+
+@pytest.mark.timeout(120)
+def test_group_floor_bench_refuses_several_ranks(launch):
+  job = launch(os.path.join(ROOT, "bench", "group_floor.py"), np=2,
+               timeout=90, args=["--blocks", "1"])
+  job.assert_no_leftovers()
+  assert not job.timed_out, job.describe()
+  assert job.returncode != 0, job.describe()
+  assert "run it without mpirun" in job.output, job.describe()
