@@ -13,6 +13,11 @@
 #   5. bench   bench/allreduce.py --device gpu (1 rank, 2 rounds: each
 #              round restarts the engine and its NCCL communicator)
 #
+# Stage 1 downloads (apt, PyPI: tensorflow[and-cuda] is several GB) unless
+# bazel, mpicc, mpirun and g++ are installed and PYTHON (or .venv) already
+# has tensorflow[and-cuda]==2.21.0, mpi4py and pytest; an offline machine
+# needs all of those beforehand.
+#
 # Usage:  tests/gpu/run_on_gpu.sh
 # Env:    OUT            folder for the logs (default build/gpu-logs); at
 #                        most 8 files: summary.txt and one log per stage
