@@ -11,9 +11,10 @@
 // entry in place (same bit).  Once `capacity` names are cached, a new name
 // takes the bit of the least recently used entry, so one-shot names (say,
 // explicit names with a step counter) cannot crowd out a training step's
-// collectives for good.  "Used" means inserted or executed from the cache (Touch); every
-// rank executes the same responses in the same order, so every rank evicts
-// the same entry and the bits keep naming the same collective everywhere.
+// collectives for good.  "Used" means inserted or executed from the cache
+// (Touch); every rank executes the same responses in the same order, so
+// every rank evicts the same entry and the bits keep naming the same
+// collective everywhere.
 // Evictions happen only in slow cycles, where no rank relies on its bits.
 //
 // Thread-compatible; used by the engine thread only.

@@ -13,11 +13,9 @@ import textwrap
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+from _job_env import ROOT
 
 _SCRIPT = """
-import sys
 import tensorflow as tf
 import mpistrategy
 from mpistrategy import ops

@@ -6,8 +6,7 @@ import re
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+from _job_env import ROOT
 
 
 @pytest.mark.timeout(120)
