@@ -240,7 +240,12 @@ class Engine::Impl {
        std::unique_ptr<Timeline> timeline, std::FILE* autotune_log);
   ~Impl();
 
-  void Start() { thread_ = std::thread([this] { Loop(); }); }
+  void Start() {
+    thread_ = std::thread([this] { Loop(); });
+    // Named so that top -H, perf and gdb show which thread is the engine;
+    // by this thread, so that the name is set before Create returns.
+    pthread_setname_np(thread_.native_handle(), "mpistrategy");
+  }
   Status Enqueue(TensorEntry entry);
   Status EnqueueGroup(std::vector<TensorEntry> entries);
   // Enqueue's checks that need mu_ (held by the caller): stopped, shutting
@@ -504,8 +509,6 @@ Status Engine::Impl::StickyStatusFor(const std::string& name) const {
 }
 
 void Engine::Impl::Loop() {
-  // Named so that top -H, perf and gdb show which thread is the engine.
-  pthread_setname_np(pthread_self(), "mpistrategy");
   const Status startup = AgreeOnStartup(transport_.get(), Status::Ok());
   if (!startup.ok()) {
     Fatal(startup.code() == StatusCode::kFailedPrecondition
