@@ -185,4 +185,35 @@ Shape WithFirstDim(const Shape& shape, int64_t first) {
   return out;
 }
 
+PackedLayout MixedPackLayout(const std::vector<DataType>& dtypes,
+                             const std::vector<Shape>& shapes) {
+  auto align = [](int64_t bytes) {
+    return (bytes + kPackAlignmentBytes - 1) / kPackAlignmentBytes *
+           kPackAlignmentBytes;
+  };
+  PackedLayout layout;
+  layout.byte_offsets.assign(dtypes.size(), 0);
+  std::vector<bool> placed(dtypes.size(), false);
+  int64_t end = 0;  // bytes
+  for (size_t first = 0; first < dtypes.size(); ++first) {
+    if (placed[first]) continue;
+    PackedSegment segment;
+    segment.dtype = dtypes[first];
+    segment.byte_offset = align(end);
+    end = segment.byte_offset;
+    const int64_t element_size = DataTypeSize(segment.dtype);
+    for (size_t i = first; i < dtypes.size(); ++i) {
+      if (dtypes[i] != segment.dtype) continue;
+      placed[i] = true;
+      layout.byte_offsets[i] = align(end);
+      end = layout.byte_offsets[i] + NumElements(shapes[i]) * element_size;
+    }
+    // Alignments are multiples of every element size, so this divides.
+    segment.elements = (end - segment.byte_offset) / element_size;
+    layout.segments.push_back(segment);
+  }
+  layout.total_bytes = end;
+  return layout;
+}
+
 }  // namespace mpistrategy

@@ -37,6 +37,33 @@ TEST(Common, ConfigValidation) {
             "EngineConfig.cycle_time_ms must be a finite number > 0, got -1");
 }
 
+TEST(Common, MixedPackLayoutGroupsByDtypeAndAligns) {
+  // float32 [3], int8 [5], float32 [], float64 [0], int8 [70].
+  const PackedLayout layout = MixedPackLayout(
+      {DataType::kFloat32, DataType::kInt8, DataType::kFloat32,
+       DataType::kFloat64, DataType::kInt8},
+      {{3}, {5}, {}, {0}, {70}});
+  ASSERT_EQ(layout.segments.size(), 3u);
+  // float32 segment: tensor 0 at 0 (12 bytes), tensor 2 at 64 (4 bytes).
+  EXPECT_EQ(layout.segments[0].dtype, DataType::kFloat32);
+  EXPECT_EQ(layout.segments[0].byte_offset, 0);
+  EXPECT_EQ(layout.segments[0].elements, 17);  // (64 + 4) / 4
+  // int8 segment at 128: tensor 1 (5 bytes), tensor 4 at 192 (70 bytes).
+  EXPECT_EQ(layout.segments[1].dtype, DataType::kInt8);
+  EXPECT_EQ(layout.segments[1].byte_offset, 128);
+  EXPECT_EQ(layout.segments[1].elements, 64 + 70);
+  // float64 segment at 320 (262 rounded up), empty.
+  EXPECT_EQ(layout.segments[2].dtype, DataType::kFloat64);
+  EXPECT_EQ(layout.segments[2].byte_offset, 320);
+  EXPECT_EQ(layout.segments[2].elements, 0);
+  EXPECT_EQ(layout.byte_offsets, (std::vector<int64_t>{0, 128, 64, 320, 192}));
+  EXPECT_EQ(layout.total_bytes, 320);
+  for (int64_t offset : layout.byte_offsets) {
+    EXPECT_EQ(offset % kPackAlignmentBytes, 0);
+  }
+  EXPECT_EQ(MixedPackLayout({}, {}).total_bytes, 0);
+}
+
 TEST(Float16, HalfRoundTripAndRounding) {
   // Every finite half round-trips exactly.
   for (uint32_t h = 0; h < 0x10000; ++h) {

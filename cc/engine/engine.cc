@@ -65,6 +65,40 @@ Status CheckNoNegativeDimension(const TensorEntry& e, const char* what,
   return Status::Ok();
 }
 
+// A group packed by dtype segments (TensorEntry::packed_dtypes).
+Status ValidateMixedPack(const TensorEntry& e) {
+  if (e.type != CollectiveType::kAllreduce || e.device != kCpuDevice ||
+      e.packed_dtypes.size() != e.packed_shapes.size() ||
+      e.dtype != DataType::kUint8) {
+    return Status::InvalidArgument(
+        Describe(e) + ": packed_dtypes need a CPU uint8 allreduce with one "
+        "dtype per packed shape (" + std::to_string(e.packed_dtypes.size()) +
+        " dtypes, " + std::to_string(e.packed_shapes.size()) + " shapes)");
+  }
+  for (size_t i = 0; i < e.packed_dtypes.size(); ++i) {
+    if (!IsValidDataType(e.packed_dtypes[i])) {
+      return Status::InvalidArgument(Describe(e) + ": tensor " +
+                                     std::to_string(i) + " has an unknown dtype");
+    }
+    MPISTRATEGY_RETURN_IF_ERROR(
+        CheckNoNegativeDimension(e, "packed shape", e.packed_shapes[i]));
+    if (e.reduce_op == ReduceOp::kMean &&
+        !IsFloatingDataType(e.packed_dtypes[i])) {
+      return Status::InvalidArgument(
+          Describe(e) + ": reduce_op mean needs floating dtypes, but tensor " +
+          std::to_string(i) + " is " + DataTypeName(e.packed_dtypes[i]));
+    }
+  }
+  const int64_t bytes =
+      MixedPackLayout(e.packed_dtypes, e.packed_shapes).total_bytes;
+  if (e.shape != Shape{bytes}) {
+    return Status::InvalidArgument(
+        Describe(e) + ": a mixed-dtype packed group needs shape [" +
+        std::to_string(bytes) + "] (bytes), got " + ShapeString(e.shape));
+  }
+  return Status::Ok();
+}
+
 // Local misuse, checked before anything is queued.
 Status ValidateEntry(const TensorEntry& e, int rank, int size) {
   if (e.name.empty()) {
@@ -92,14 +126,16 @@ Status ValidateEntry(const TensorEntry& e, int rank, int size) {
   const int64_t bytes = NumElements(e.shape) * DataTypeSize(e.dtype);
   const bool reduces = e.type == CollectiveType::kAllreduce ||
                        e.type == CollectiveType::kReducescatter;
-  if (reduces && e.reduce_op == ReduceOp::kMean &&
-      !IsFloatingDataType(e.dtype)) {
+  if (!e.packed_dtypes.empty()) {
+    MPISTRATEGY_RETURN_IF_ERROR(ValidateMixedPack(e));
+  } else if (reduces && e.reduce_op == ReduceOp::kMean &&
+             !IsFloatingDataType(e.dtype)) {
     return Status::InvalidArgument(
         Describe(e) + ": reduce_op mean needs a floating dtype (float16, "
         "bfloat16, float32, float64), got " + DataTypeName(e.dtype) +
         "; use sum and divide");
   }
-  if (!e.packed_shapes.empty()) {
+  if (!e.packed_shapes.empty() && e.packed_dtypes.empty()) {
     int64_t packed_elements = 0;
     for (const Shape& member : e.packed_shapes) {
       MPISTRATEGY_RETURN_IF_ERROR(
@@ -156,7 +192,13 @@ Status ValidateEntry(const TensorEntry& e, int rank, int size) {
                                        ": splits must be >= 0, got " +
                                        ShapeString(e.splits));
       }
-      sum += s;
+      // A sum that wraps around could otherwise equal the first dimension.
+      if (__builtin_add_overflow(sum, s, &sum)) {
+        return Status::InvalidArgument(
+            Describe(e) + ": splits " + ShapeString(e.splits) +
+            " overflow int64 when summed; they must sum to the first "
+            "dimension of the input (" + std::to_string(e.shape[0]) + ")");
+      }
     }
     if (sum != e.shape[0]) {
       return Status::InvalidArgument(
@@ -185,6 +227,7 @@ Request MakeRequest(const TensorEntry& e, int rank, int size) {
   q.dtype = e.dtype;
   q.shape = e.shape;
   q.packed_shapes = e.packed_shapes;
+  q.packed_dtypes = e.packed_dtypes;
   if (e.type == CollectiveType::kAllreduce ||
       e.type == CollectiveType::kReducescatter) {
     q.reduce_op = e.reduce_op;

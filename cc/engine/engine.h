@@ -45,6 +45,14 @@ struct TensorEntry {
   // part in the cross-rank comparison, so a group that differs between ranks
   // fails naming the tensor instead of being reduced as matching totals.
   std::vector<Shape> packed_shapes;
+  // With packed_shapes, when the group mixes dtypes: each tensor's dtype, in
+  // order.  The entry is then a byte buffer (dtype kUint8, shape
+  // {MixedPackLayout(...).total_bytes}) laid out by MixedPackLayout and
+  // reduced one dtype segment at a time; still one name and one
+  // negotiation, so ranks whose groups differ in dtypes fail naming the
+  // tensor.  Empty for single-dtype groups (the buffer has `dtype`).  CPU
+  // only, and never fused with other entries.
+  std::vector<DataType> packed_dtypes;
   int32_t device = kCpuDevice;
   // GPU entries (device != kCpuDevice): the op's stream and GPU; null for
   // CPU entries.  See device.h.

@@ -89,7 +89,9 @@ void Executor::Trace(const char* activity,
                static_cast<int64_t>(entries[0]->input == entries[0]->output));
     }
   }
-  if (first.type != ResponseType::kBarrier) {
+  if (!first.packed_dtypes.empty()) {
+    args.Add("dtype", "mixed");
+  } else if (first.type != ResponseType::kBarrier) {
     args.Add("dtype", DataTypeName(first.dtype));
   }
   args.Add("device", DeviceString(first.device));
@@ -153,6 +155,9 @@ Status Executor::Allreduce(const std::vector<const Response*>& responses,
   const DataType dtype = first.dtype;
   const ReduceOp op = TransportOp(first.reduce_op);
   const bool mean = first.reduce_op == ReduceOp::kMean;
+  if (responses.size() == 1 && !first.packed_dtypes.empty()) {
+    return AllreduceMixedPack(first, entries[0], &(*entry_status)[0]);
+  }
   if (responses.size() == 1) {
     // The big-tensor path: straight from input to output, no copies.
     TensorEntry* e = entries[0];
@@ -206,6 +211,31 @@ Status Executor::Allreduce(const std::vector<const Response*>& responses,
     Trace(TimelineCollectiveName(CollectiveType::kAllreduce), responses,
           entries, t1, t2);
     Trace(kTimelineMemcpyOut, responses, entries, t2, t3);
+  }
+  return Status::Ok();
+}
+
+Status Executor::AllreduceMixedPack(const Response& response,
+                                    TensorEntry* entry, Status* entry_status) {
+  // The kernel packed the group into one buffer that is both input and
+  // output; each dtype's segment is one transport call.
+  const ReduceOp op = TransportOp(response.reduce_op);
+  char* buffer = static_cast<char*>(entry->output);
+  if (entry->input != entry->output) {
+    return Status::Internal("mixed-dtype group \"" + entry->name +
+                            "\" is not packed in place");
+  }
+  const PackedLayout layout =
+      MixedPackLayout(response.packed_dtypes, response.packed_shapes);
+  for (const PackedSegment& segment : layout.segments) {
+    if (segment.elements == 0) continue;
+    char* data = buffer + segment.byte_offset;
+    MPISTRATEGY_RETURN_IF_ERROR(transport_->Allreduce(
+        data, data, segment.elements, segment.dtype, op));
+    if (response.reduce_op == ReduceOp::kMean && entry_status->ok()) {
+      *entry_status =
+          DivideInPlace(segment.dtype, data, segment.elements, size_);
+    }
   }
   return Status::Ok();
 }

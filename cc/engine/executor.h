@@ -63,6 +63,9 @@ class Executor {
   Status Allreduce(const std::vector<const Response*>& responses,
                    const std::vector<TensorEntry*>& entries,
                    std::vector<Status>* entry_status);
+  // A group packed by dtype segments (Response::packed_dtypes), in place.
+  Status AllreduceMixedPack(const Response& response, TensorEntry* entry,
+                            Status* entry_status);
   Status Allgather(const Response& response, TensorEntry* entry,
                    Status* entry_status);
   Status Broadcast(const Response& response, TensorEntry* entry);

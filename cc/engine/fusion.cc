@@ -14,8 +14,11 @@ std::vector<FusionBucket> PlanFusion(
   std::map<std::tuple<DataType, ReduceOp, int32_t>, size_t> open;
   for (size_t i = 0; i < responses.size(); ++i) {
     const Response& r = *responses[i];
+    // A mixed-dtype packed group is reduced segment by segment in its own
+    // buffer, so it never shares a bucket.
     const bool fusible = threshold_bytes > 0 &&
                          r.type == ResponseType::kAllreduce &&
+                         r.packed_dtypes.empty() &&
                          bytes[i] <= threshold_bytes;
     if (!fusible) {
       FusionBucket b;

@@ -24,8 +24,9 @@ struct FusionBucket {
 // greedily: each such key has at most one open bucket, a response joins it
 // while the bucket's total stays <= `threshold_bytes`, otherwise the bucket
 // closes and the response opens a new one.  Everything else (other
-// collectives, errors, allreduces larger than the threshold, or any response
-// when `threshold_bytes` is 0) is a bucket of its own.  Buckets are returned
+// collectives, errors, allreduces larger than the threshold, mixed-dtype
+// packed groups, or any response when `threshold_bytes` is 0) is a bucket of
+// its own.  Buckets are returned
 // in the order of their first member.
 //
 // Args:

@@ -33,6 +33,18 @@ std::vector<std::vector<int>> Members(const std::vector<FusionBucket>& b) {
 
 using Groups = std::vector<std::vector<int>>;
 
+TEST(Fusion, MixedDtypePackedGroupsStandAlone) {
+  // uint8 byte buffers of mixed-dtype groups are reduced per segment, never
+  // together with each other or with plain uint8 allreduces.
+  Response mixed = Allreduce("mixed", DataType::kUint8);
+  mixed.packed_shapes = {{1}, {1}};
+  mixed.packed_dtypes = {DataType::kFloat32, DataType::kInt32};
+  std::vector<Response> rs = {Allreduce("a", DataType::kUint8), mixed,
+                              Allreduce("b", DataType::kUint8), mixed};
+  auto plan = PlanFusion(rs, {8, 68, 8, 68}, 1000);
+  EXPECT_EQ(Members(plan), (Groups{{0, 2}, {1}, {3}}));
+}
+
 TEST(Fusion, PacksUpToThreshold) {
   std::vector<Response> rs = {Allreduce("a"), Allreduce("b"), Allreduce("c"),
                               Allreduce("d")};

@@ -7,8 +7,8 @@ namespace mpistrategy {
 
 namespace {
 
-constexpr uint32_t kRequestListMagic = 0x4d525132;   // "MRQ2"
-constexpr uint32_t kResponseListMagic = 0x4d525333;  // "MRS3"
+constexpr uint32_t kRequestListMagic = 0x4d525133;   // "MRQ3"
+constexpr uint32_t kResponseListMagic = 0x4d525334;  // "MRS4"
 
 // Appends fixed-width little-endian-in-memory values.  All ranks run the same
 // build on the same architecture, so host byte order is the wire order.
@@ -106,6 +106,14 @@ bool ReadShapes(Reader* r, std::vector<Shape>* shapes) {
   return true;
 }
 
+bool ReadDtypes(Reader* r, std::vector<DataType>* dtypes) {
+  if (!r->GetVector(dtypes)) return false;
+  for (DataType d : *dtypes) {
+    if (!IsValidDataType(d)) return r->Fail();
+  }
+  return true;
+}
+
 template <typename E>
 bool GetEnum(Reader* r, E* e, uint8_t max_value) {
   uint8_t v = 0;
@@ -126,6 +134,7 @@ void WriteRequest(const Request& q, Writer* w) {
   w->Put<int32_t>(q.device);
   w->PutVector(q.splits);
   WriteShapes(q.packed_shapes, w);
+  w->PutVector(q.packed_dtypes);
 }
 
 bool ReadRequest(Reader* r, Request* q) {
@@ -137,7 +146,8 @@ bool ReadRequest(Reader* r, Request* q) {
          GetEnum(r, &q->reduce_op,
                  static_cast<uint8_t>(ReduceOp::kProduct)) &&
          r->Get(&q->root_rank) && r->Get(&q->device) &&
-         r->GetVector(&q->splits) && ReadShapes(r, &q->packed_shapes);
+         r->GetVector(&q->splits) && ReadShapes(r, &q->packed_shapes) &&
+         ReadDtypes(r, &q->packed_dtypes);
 }
 
 void WriteResponse(const Response& p, Writer* w) {
@@ -152,6 +162,7 @@ void WriteResponse(const Response& p, Writer* w) {
   w->PutVector(p.first_dims);
   w->PutVector(p.splits);
   WriteShapes(p.packed_shapes, w);
+  w->PutVector(p.packed_dtypes);
   w->Put<int32_t>(static_cast<int32_t>(p.error_code));
   w->PutString(p.error_message);
   w->PutVector(p.error_ranks);
@@ -175,7 +186,8 @@ bool ReadResponse(Reader* r, Response* p) {
   }
   int32_t code = 0;
   return r->GetVector(&p->first_dims) && r->GetVector(&p->splits) &&
-         ReadShapes(r, &p->packed_shapes) && r->Get(&code) &&
+         ReadShapes(r, &p->packed_shapes) &&
+         ReadDtypes(r, &p->packed_dtypes) && r->Get(&code) &&
          (p->error_code = static_cast<StatusCode>(code), true) &&
          r->GetString(&p->error_message) && r->GetVector(&p->error_ranks);
 }
@@ -193,7 +205,7 @@ bool Request::operator==(const Request& o) const {
   return rank == o.rank && type == o.type && name == o.name &&
          dtype == o.dtype && shape == o.shape && reduce_op == o.reduce_op &&
          root_rank == o.root_rank && device == o.device && splits == o.splits &&
-         packed_shapes == o.packed_shapes;
+         packed_shapes == o.packed_shapes && packed_dtypes == o.packed_dtypes;
 }
 
 bool Response::operator==(const Response& o) const {
@@ -201,7 +213,8 @@ bool Response::operator==(const Response& o) const {
          reduce_op == o.reduce_op && root_rank == o.root_rank &&
          device == o.device && shapes == o.shapes &&
          first_dims == o.first_dims && splits == o.splits &&
-         packed_shapes == o.packed_shapes && error_code == o.error_code &&
+         packed_shapes == o.packed_shapes &&
+         packed_dtypes == o.packed_dtypes && error_code == o.error_code &&
          error_message == o.error_message &&
          error_ranks == o.error_ranks;
 }

@@ -35,6 +35,8 @@ struct Request {
   // (TensorEntry::packed_shapes): the shapes of the packed tensors, in
   // order; empty otherwise.  Compared across ranks like `shape`.
   std::vector<Shape> packed_shapes;
+  // TensorEntry::packed_dtypes (mixed-dtype groups); empty otherwise.
+  std::vector<DataType> packed_dtypes;
 
   bool operator==(const Request& other) const;
 };
@@ -84,6 +86,8 @@ struct Response {
   std::vector<int64_t> splits;
   // Single-name allreduce responses: Request::packed_shapes of the name.
   std::vector<Shape> packed_shapes;
+  // Single-name allreduce responses: Request::packed_dtypes of the name.
+  std::vector<DataType> packed_dtypes;
 
   // kError only.
   StatusCode error_code = StatusCode::kOk;

@@ -20,6 +20,7 @@ RequestList SampleRequests() {
   a.device = 3;
   a.splits = {1, 2, 3};
   a.packed_shapes = {{2, 3}, {}, {0}};
+  a.packed_dtypes = {DataType::kFloat32, DataType::kInt64, DataType::kBool};
   list.requests.push_back(a);
   Request b;
   b.name = "";  // empty name and shape survive too
@@ -42,6 +43,7 @@ ResponseList SampleResponses() {
   r.first_dims = {3, 5, 0};
   r.splits = {1, 2, 3, 4, 5, 6, 7, 8, 9};
   r.packed_shapes = {{7}, {1, 1}};
+  r.packed_dtypes = {DataType::kInt8, DataType::kBFloat16};
   list.responses.push_back(r);
   Response e;
   e.type = ResponseType::kError;
@@ -143,6 +145,15 @@ TEST(Message, TrailingBytesBadEnumsAndWrongKindAreErrors) {
   bad[count_at + 1] = '\xff';
   bad[count_at + 2] = '\xff';
   bad[count_at + 3] = '\x7f';
+  EXPECT_FALSE(ParseRequestList(bad, &q).ok());
+  // A packed dtype out of range (the last byte of a one-request list).
+  RequestList one;
+  one.requests.emplace_back();
+  one.requests[0].packed_shapes = {{1}};
+  one.requests[0].packed_dtypes = {DataType::kFloat64};
+  SerializeRequestList(one, &bad);
+  ASSERT_TRUE(ParseRequestList(bad, &q).ok());
+  bad.back() = 42;
   EXPECT_FALSE(ParseRequestList(bad, &q).ok());
 }
 

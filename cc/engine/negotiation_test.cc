@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <future>
 #include <memory>
 #include <random>
@@ -558,6 +559,137 @@ TEST(Negotiation, PackedGroupsCompareTheirTensors) {
   });
 }
 
+// A group of several dtypes is one byte buffer with a segment per dtype
+// (MixedPackLayout), reduced segment by segment under one name; groups that
+// differ in a tensor's dtype fail on every rank naming the tensor, whether
+// the other rank's group is mixed or not.
+TEST(Negotiation, MixedDtypeGroupsReduceBySegmentAndCompareDtypes) {
+  const int n = 3;
+  Cluster c(n);
+  OnEveryRank(n, [&](int rank) {
+    Engine* e = c.engines[rank].get();
+    // float32 [3], int32 [2], float32 [1], int64 [] (a scalar).
+    const std::vector<DataType> dtypes = {DataType::kFloat32, DataType::kInt32,
+                                          DataType::kFloat32, DataType::kInt64};
+    const std::vector<Shape> shapes = {{3}, {2}, {1}, {}};
+    const PackedLayout layout = MixedPackLayout(dtypes, shapes);
+    std::vector<char> buffer(static_cast<size_t>(layout.total_bytes));
+    auto mixed = [&](const std::string& name, std::vector<DataType> d,
+                     ReduceOp op = ReduceOp::kSum) {
+      TensorEntry t;
+      t.type = CollectiveType::kAllreduce;
+      t.name = name;
+      t.dtype = DataType::kUint8;
+      t.shape = {layout.total_bytes};
+      t.reduce_op = op;
+      t.packed_shapes = shapes;
+      t.packed_dtypes = std::move(d);
+      t.input = buffer.data();
+      t.output = buffer.data();
+      return t;
+    };
+    auto fill = [&]() {
+      std::fill(buffer.begin(), buffer.end(), 0);
+      for (size_t k = 0; k < dtypes.size(); ++k) {
+        const int64_t size = DataTypeSize(dtypes[k]);
+        std::vector<char> values = Buffer(dtypes[k], NumElements(shapes[k]));
+        for (int64_t i = 0; i < NumElements(shapes[k]); ++i) {
+          Set(dtypes[k], &values, i, 10 * k + i + rank);
+        }
+        std::memcpy(buffer.data() + layout.byte_offsets[k], values.data(),
+                    NumElements(shapes[k]) * size);
+      }
+    };
+    auto value = [&](size_t k, int64_t i) {
+      std::vector<char> values = Buffer(dtypes[k], NumElements(shapes[k]));
+      std::memcpy(values.data(), buffer.data() + layout.byte_offsets[k],
+                  NumElements(shapes[k]) * DataTypeSize(dtypes[k]));
+      return Get(dtypes[k], values, i);
+    };
+    // Twice: the second call takes the cached fast path.
+    for (int call = 0; call < 2; ++call) {
+      fill();
+      auto f = Submit(e, mixed("mixed", dtypes));
+      Status s = Await(&f);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      for (size_t k = 0; k < dtypes.size(); ++k) {
+        for (int64_t i = 0; i < NumElements(shapes[k]); ++i) {
+          // sum over ranks r of 10k + i + r
+          EXPECT_EQ(value(k, i), n * (10.0 * k + i) + 3) << k << " " << i;
+        }
+      }
+    }
+    // Rank 1's tensor 1 is int64: same buffer size, only the dtypes differ.
+    {
+      std::vector<DataType> d = dtypes;
+      if (rank == 1) d[1] = DataType::kInt64;
+      fill();
+      auto f = Submit(e, mixed("mixed", d));
+      Status s = Await(&f);
+      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+      EXPECT_TRUE(Contains(s.message(),
+                           "Mismatched allreduce \"mixed\": rank 0 has dtype "
+                           "int32 but rank 1 has dtype int64 for grouped "
+                           "tensor 1"))
+          << s.message();
+    }
+    // Rank 2's group has one dtype (a float32 buffer, no packed_dtypes).
+    {
+      std::vector<char> plain = Buffer(DataType::kFloat32, 6);
+      TensorEntry t = AllreduceEntry("one-dtype", DataType::kFloat32, {6},
+                                     plain, &plain);
+      t.packed_shapes = {{3}, {2}, {1}};
+      TensorEntry m = mixed("one-dtype", dtypes);
+      m.packed_shapes = {{3}, {2}, {1}};
+      m.packed_dtypes = {DataType::kFloat32, DataType::kInt32,
+                         DataType::kFloat32};
+      m.shape = {MixedPackLayout(m.packed_dtypes, m.packed_shapes).total_bytes};
+      auto f = Submit(e, rank == 2 ? std::move(t) : std::move(m));
+      Status s = Await(&f);
+      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+      EXPECT_TRUE(Contains(s.message(),
+                           "rank 0 has dtype int32 but rank 2 has dtype "
+                           "float32 for grouped tensor 1"))
+          << s.message();
+    }
+    // A plain allreduce against a group under one name says so.
+    {
+      std::vector<char> plain = Buffer(DataType::kFloat32, 6);
+      TensorEntry t = AllreduceEntry("plain-or-group", DataType::kFloat32, {6},
+                                     plain, &plain);
+      if (rank != 0) t.packed_shapes = {{6}};
+      auto f = Submit(e, std::move(t));
+      Status s = Await(&f);
+      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+      EXPECT_TRUE(Contains(s.message(),
+                           "rank 0 called allreduce but rank 1 called "
+                           "grouped_allreduce of 1 tensors"))
+          << s.message();
+    }
+    // Local misuse: mean over an integer tensor; a wrong byte size.
+    {
+      auto f = Submit(e, mixed("mean", dtypes, ReduceOp::kMean));
+      Status s = Await(&f);
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+      EXPECT_TRUE(Contains(s.message(), "tensor 1 is int32")) << s.message();
+      TensorEntry t = mixed("size", dtypes);
+      t.shape = {layout.total_bytes - 1};
+      f = Submit(e, std::move(t));
+      s = Await(&f);
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+      EXPECT_TRUE(Contains(s.message(), "(bytes)")) << s.message();
+    }
+    // Afterwards the name works again.
+    {
+      fill();
+      auto f = Submit(e, mixed("mixed", dtypes));
+      Status s = Await(&f);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      EXPECT_EQ(value(3, 0), n * 30.0 + 3);
+    }
+  });
+}
+
 TEST(Negotiation, AllgatherDifferentFirstDims) {
   const int n = 3;
   Cluster c(n);
@@ -804,6 +936,10 @@ TEST(Negotiation, LocalMisuseIsInvalidArgument) {
     check(t, "splits");
     t.splits = {3, 4, 1};
     check(t, "splits");
+    // A sum that would wrap around int64 (undefined, and with 3 ranks it
+    // could wrap to exactly the first dimension).
+    t.splits = {INT64_MAX, INT64_MAX};
+    check(t, "overflow int64");
     t.splits = {};
     t.shape = {3};
     check(t, "divisible");

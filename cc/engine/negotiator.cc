@@ -21,6 +21,46 @@ bool TrailingDimsMatch(const Shape& a, const Shape& b) {
          std::equal(a.begin() + 1, a.end(), b.begin() + 1);
 }
 
+// Dtype of tensor `i` of a packed group: its own in a mixed-dtype group,
+// else the buffer's.
+DataType PackedDtype(const Request& q, size_t i) {
+  return q.packed_dtypes.empty() ? q.dtype : q.packed_dtypes[i];
+}
+
+std::string CalledWhat(const Request& q) {
+  if (q.packed_shapes.empty()) return CollectiveTypeName(q.type);
+  return "grouped_allreduce of " + std::to_string(q.packed_shapes.size()) +
+         " tensors";
+}
+
+// Empty string when the packed groups of `a` and `b` (if any) agree tensor
+// by tensor.
+std::string ComparePackedGroups(const Request& a, const Request& b) {
+  if (a.packed_shapes.empty() && b.packed_shapes.empty()) return "";
+  if (a.packed_shapes.empty() || b.packed_shapes.empty()) {
+    return "Mismatched collective \"" + a.name + "\": rank " +
+           std::to_string(a.rank) + " called " + CalledWhat(a) +
+           " but rank " + std::to_string(b.rank) + " called " + CalledWhat(b);
+  }
+  if (a.packed_shapes.size() != b.packed_shapes.size()) {
+    return Mismatch(a, b, "a group of",
+                    std::to_string(a.packed_shapes.size()) + " tensors",
+                    std::to_string(b.packed_shapes.size()) + " tensors");
+  }
+  for (size_t i = 0; i < a.packed_shapes.size(); ++i) {
+    const std::string tensor = " for grouped tensor " + std::to_string(i);
+    if (PackedDtype(a, i) != PackedDtype(b, i)) {
+      return Mismatch(a, b, "dtype", DataTypeName(PackedDtype(a, i)),
+                      DataTypeName(PackedDtype(b, i)), tensor);
+    }
+    if (a.packed_shapes[i] != b.packed_shapes[i]) {
+      return Mismatch(a, b, "shape", ShapeString(a.packed_shapes[i]),
+                      ShapeString(b.packed_shapes[i]), tensor);
+    }
+  }
+  return "";
+}
+
 // Empty string when `b` agrees with the reference `a`.
 std::string CompareRequests(const Request& a, const Request& b) {
   if (a.type != b.type) {
@@ -30,6 +70,10 @@ std::string CompareRequests(const Request& a, const Request& b) {
            CollectiveTypeName(b.type);
   }
   if (a.type == CollectiveType::kBarrier) return "";
+  // Before dtype and shape: a packed group's buffer agrees whenever its
+  // tensors do, and naming the tensor that differs is the useful message.
+  const std::string group = ComparePackedGroups(a, b);
+  if (!group.empty()) return group;
   if (a.dtype != b.dtype) {
     return Mismatch(a, b, "dtype", DataTypeName(a.dtype),
                     DataTypeName(b.dtype));
@@ -47,20 +91,6 @@ std::string CompareRequests(const Request& a, const Request& b) {
   if (a.device != b.device) {
     return Mismatch(a, b, "device", DeviceString(a.device),
                     DeviceString(b.device));
-  }
-  // Before `shape`: a packed group's total agrees whenever its tensors do,
-  // and naming the tensor that differs is the useful message.
-  if (a.packed_shapes.size() != b.packed_shapes.size()) {
-    return Mismatch(a, b, "a group of",
-                    std::to_string(a.packed_shapes.size()) + " tensors",
-                    std::to_string(b.packed_shapes.size()) + " tensors");
-  }
-  for (size_t i = 0; i < a.packed_shapes.size(); ++i) {
-    if (a.packed_shapes[i] != b.packed_shapes[i]) {
-      return Mismatch(a, b, "shape", ShapeString(a.packed_shapes[i]),
-                      ShapeString(b.packed_shapes[i]),
-                      " for grouped tensor " + std::to_string(i));
-    }
   }
   if (a.type == CollectiveType::kAllgather ||
       a.type == CollectiveType::kAlltoall) {
@@ -99,6 +129,7 @@ Response BuildResponse(const std::string& name,
   response.device = ref.device;
   response.shapes.push_back(ref.shape);
   response.packed_shapes = ref.packed_shapes;
+  response.packed_dtypes = ref.packed_dtypes;
   if (ref.type == CollectiveType::kAllgather) {
     for (const Request& q : requests) response.first_dims.push_back(q.shape[0]);
   } else if (ref.type == CollectiveType::kAlltoall) {

@@ -47,7 +47,8 @@ bool ResponseMatchesRequest(const Response& response, const Request& request,
     }
     default:
       return response.shapes[0] == request.shape &&
-             response.packed_shapes == request.packed_shapes;
+             response.packed_shapes == request.packed_shapes &&
+             response.packed_dtypes == request.packed_dtypes;
   }
 }
 

@@ -159,14 +159,15 @@ class AllreduceKernel : public ReducingKernel {
   }
 };
 
-// With `pack` (the default) it copies the inputs into one buffer per dtype
-// and all-reduces each buffer as one tensor, in place; the outputs are
-// slices of it.  The engine then sees one entry instead of one per tensor:
-// one name to negotiate and no copies into and out of its fusion buffer,
-// which is what makes a group of many small tensors cheap.  The inputs'
-// shapes travel as TensorEntry::packed_shapes, so ranks whose groups differ
-// fail naming the tensor.  Without `pack` every input is its own entry and
-// the engine fuses them.
+// With `pack` (the default) it copies the inputs into one buffer and
+// all-reduces it in place (a group of several dtypes: one byte buffer with a
+// segment per dtype, see MixedPackLayout); the outputs are views of it.  The
+// engine then sees one entry instead of one per tensor: one name to
+// negotiate and no copies into and out of its fusion buffer, which is what
+// makes a group of many small tensors cheap.  The inputs' shapes (and, when
+// mixed, dtypes) travel as TensorEntry::packed_shapes/packed_dtypes, so
+// ranks whose groups differ fail naming the tensor.  Without `pack` every
+// input is its own entry and the engine fuses them.
 class GroupedAllreduceKernel : public ReducingKernel {
  public:
   explicit GroupedAllreduceKernel(OpKernelConstruction* context)
@@ -194,24 +195,27 @@ class GroupedAllreduceKernel : public ReducingKernel {
       }
       it->second.push_back(i);
     }
-    std::vector<TensorEntry> entries;
-    std::vector<Tensor> buffers;
-    for (const auto& [dtype, members] : by_dtype) {
-      TensorEntry entry;
-      entry.type = CollectiveType::kAllreduce;
-      entry.name = by_dtype.size() == 1
-                       ? tensor_name()
-                       : absl::StrCat(tensor_name(), ".",
-                                      tensorflow::DataTypeString(dtype));
-      entry.reduce_op = reduce_op();
-      entry.device = EngineDevice(ctx);
+    // Always one entry named tensor_name(), whatever the dtypes, so that
+    // ranks whose groups differ in dtypes meet under one name and fail
+    // naming the tensor instead of waiting for each other's names.
+    TensorEntry entry;
+    entry.type = CollectiveType::kAllreduce;
+    entry.name = tensor_name();
+    entry.reduce_op = reduce_op();
+    entry.device = EngineDevice(ctx);
+    Tensor buffer;
+    if (by_dtype.size() == 1) {
+      const tensorflow::DataType dtype = by_dtype[0].first;
       OP_REQUIRES_OK_ASYNC(ctx, ToEngineDataType(dtype, &entry.dtype), done);
-      Tensor buffer;
-      OP_REQUIRES_OK_ASYNC(ctx, Pack(ctx, dtype, members, &entry, &buffer),
-                           done);
-      entries.push_back(std::move(entry));
-      buffers.push_back(std::move(buffer));
+      OP_REQUIRES_OK_ASYNC(
+          ctx, Pack(ctx, dtype, by_dtype[0].second, &entry, &buffer), done);
+    } else {
+      OP_REQUIRES_OK_ASYNC(ctx, PackMixed(ctx, &entry, &buffer), done);
     }
+    std::vector<TensorEntry> entries;
+    entries.push_back(std::move(entry));
+    std::vector<Tensor> buffers;
+    buffers.push_back(std::move(buffer));
     SubmitGroup(ctx, engine.get(), std::move(entries), std::move(buffers),
                 std::move(done));
   }
@@ -325,6 +329,64 @@ class GroupedAllreduceKernel : public ReducingKernel {
       ctx->set_output(members[k], output);
     }
     entry->shape = Shape{total};
+    entry->input = base;
+    entry->output = base;
+    return absl::OkStatus();
+  }
+
+  // A group of several dtypes: copies every input into one byte buffer laid
+  // out by MixedPackLayout (a segment per dtype), sets the outputs to views
+  // of it and describes it in `entry` (uint8 shape [bytes], packed_shapes,
+  // packed_dtypes, input = output).
+  static absl::Status PackMixed(OpKernelContext* ctx, TensorEntry* entry,
+                                Tensor* buffer) {
+    static_assert(kPackAlignmentBytes %
+                          tensorflow::Allocator::kAllocatorAlignment ==
+                      0,
+                  "packed views must be aligned like TF allocations");
+    const int n = ctx->num_inputs();
+    for (int i = 0; i < n; ++i) {
+      DataType dtype;
+      TF_RETURN_IF_ERROR(ToEngineDataType(ctx->input(i).dtype(), &dtype));
+      entry->packed_dtypes.push_back(dtype);
+      entry->packed_shapes.push_back(ToEngineShape(ctx->input(i).shape()));
+    }
+    const PackedLayout layout =
+        MixedPackLayout(entry->packed_dtypes, entry->packed_shapes);
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(
+        tensorflow::DT_UINT8, TensorShape({layout.total_bytes}), buffer));
+    char* base = layout.total_bytes > 0
+                     ? static_cast<char*>(buffer->data())
+                     : nullptr;
+    // Tensors in buffer order (a segment per dtype), so that the gaps
+    // between them can be zeroed as they are passed: they are reduced with
+    // the tensors and never read back.
+    std::vector<int> order(n);
+    for (int i = 0; i < n; ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&layout](int a, int b) {
+      return layout.byte_offsets[a] < layout.byte_offsets[b];
+    });
+    int64_t written = 0;  // bytes
+    for (int i : order) {
+      const Tensor& input = ctx->input(i);
+      const int64_t offset = layout.byte_offsets[i];
+      const int64_t bytes = input.TotalBytes();
+      if (offset > written) std::memset(base + written, 0, offset - written);
+      if (bytes > 0) std::memcpy(base + offset, input.data(), bytes);
+      written = std::max(written, offset + bytes);
+      Tensor output;
+      const absl::Status viewed = output.BitcastFrom(
+          buffer->Slice(offset, offset + bytes), input.dtype(), input.shape());
+      if (!viewed.ok()) {
+        return absl::InternalError(absl::StrCat(
+            "grouped allreduce \"", entry->name, "\": cannot view tensor ", i,
+            " of the packed buffer as ", input.shape().DebugString(), ": ",
+            viewed.message()));
+      }
+      ctx->set_output(i, output);
+    }
+    entry->dtype = DataType::kUint8;
+    entry->shape = Shape{layout.total_bytes};
     entry->input = base;
     entry->output = base;
     return absl::OkStatus();

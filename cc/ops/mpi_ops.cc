@@ -86,10 +86,10 @@ reduce_op: One of 'sum', 'mean', 'min', 'max', 'product'; applies to every
   tensor.
 tensor_name: Base name pairing this group across ranks.  Empty means the node
   name.
-pack: If true (CPU kernel), the tensors of each dtype are copied into one
-  buffer that is reduced in place as a single collective named
-  `<tensor_name>` (`<tensor_name>.<dtype>` when the group mixes dtypes); the
-  outputs are slices of it.  This costs one buffer of the group's size and
+pack: If true (CPU kernel), the tensors are copied into one buffer that is
+  reduced in place as a single collective named `<tensor_name>` (one
+  transport call per dtype when the group mixes dtypes); the outputs are
+  views of it.  This costs one buffer of the group's size and
   makes many small tensors cheap.  If false (and always on GPU), tensor i is
   submitted as `<tensor_name>.<i>` and the engine fuses the tensors through
   its fusion buffer.  Either way a group that differs between ranks fails

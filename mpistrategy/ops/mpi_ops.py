@@ -481,10 +481,10 @@ def allreduce(tensor, op=Sum, name=None, compression=None):
 def grouped_allreduce(tensors, op=Sum, name=None, compression=None):
   """Reduces a list of tensors across ranks in one collective.
 
-  On CPU the tensors of each dtype are copied into one buffer that is
-  reduced in place as a single collective, and the results are slices of
-  it: one negotiation and one transport call however many tensors there
-  are, at the cost of one buffer the size of the group.  On GPU each tensor
+  On CPU the tensors are copied into one buffer that is reduced in place as
+  a single collective, and the results are views of it: one negotiation and
+  one transport call per dtype however many tensors there are, at the cost
+  of one buffer the size of the group.  On GPU each tensor
   is submitted separately and the engine fuses them.  Ranks whose groups
   differ (length, a tensor's shape or dtype) get a `FailedPreconditionError`
   naming the group and the tensor.
@@ -492,8 +492,7 @@ def grouped_allreduce(tensors, op=Sum, name=None, compression=None):
   Args:
     tensors: A list of tensors (dtypes may differ; see `allreduce`).
     op: As for `allreduce`; applies to every tensor.
-    name: Name pairing the group across ranks (`<name>.<dtype>` per dtype
-      when the group mixes dtypes).
+    name: Name pairing the group across ranks.
     compression: As for `allreduce`; applies to every float32/float64
       tensor.  With `op=Average`, when at least one tensor is compressed the
       whole group is divided by the world size first and summed (so a

@@ -633,6 +633,29 @@ def test_mismatched_group_length_fails_naming_it():
 
 
 @needs_peers
+@pytest.mark.parametrize("case", ["mixed_vs_one_dtype", "swapped_dtypes"])
+def test_mismatched_grouped_dtypes_fail_naming_the_tensor(case):
+  # Groups whose dtypes differ between ranks meet under one name however
+  # their dtypes split, and fail on every rank (neither a stall nor tensors
+  # reduced with the wrong partners).
+  if case == "mixed_vs_one_dtype":
+    second = tf.ones([3], tf.int32) if RANK == 1 else tf.ones([3])
+    xs, position = [tf.ones([2]), second], 1
+  else:  # the same dtypes and shapes, in a different order on rank 1
+    a, b = tf.ones([3]), tf.ones([3], tf.int32)
+    xs, position = ([b, a] if RANK == 1 else [a, b]), 0
+  name = f"mismatch/grouped_dtype/{case}"
+  message = _expect_failed_precondition(
+      lambda: ops.grouped_allreduce(xs, name=name), name)
+  assert f"grouped tensor {position}" in message, message
+  assert "float32" in message and "int32" in message, message
+  # The name works again with matching groups.
+  ys = ops.grouped_allreduce([tf.ones([2]), tf.ones([3], tf.int32)],
+                             name=name)
+  np.testing.assert_array_equal(ys[1].numpy(), [SIZE] * 3)
+
+
+@needs_peers
 def test_engine_works_after_mismatch():
   with pytest.raises(tf.errors.FailedPreconditionError):
     ops.allreduce(tf.ones([RANK + 1]), name="mismatch/then-ok")
