@@ -28,12 +28,24 @@ multi-process `MPIStrategy`, so single-process code is unaffected.
    which rank computed them, and the checkpoint holds rank 0's statistics
    only (TF's MultiWorkerMirroredStrategy has the same gap).  After a
    training-mode call, the patch replaces the layer's non-trainable float
-   weights by their mean over ranks (one packed `grouped_allreduce` per
-   layer and step).  Every rank then holds the same statistics, and the
-   moving mean is what one process would compute from the global batch
-   (the mean of equal shards' means); the moving variance averages the
-   shards' variances.  The forward pass still normalizes with the local
-   batch's statistics, as non-synchronized batch normalization does.
+   weights by their mean over ranks, weighted by each rank's rows (one
+   packed `grouped_allreduce` per layer and step).  Every rank then holds
+   the same statistics, and the moving mean is what one process would
+   compute from the global batch, even when the shards are uneven; the
+   moving variance averages the shards' variances.  A rank whose batch is
+   empty (NaN moments) does not count.  The forward pass still normalizes
+   with the local batch's statistics, as non-synchronized batch
+   normalization does.
+
+4. `TensorFlowTrainer._maybe_symbolic_build` (Keras 3.15
+   `keras/src/backend/tensorflow/trainer.py`): before `fit`/`evaluate`,
+   Keras takes the first distributed batch and all-reduces it
+   (`strategy.reduce("MEAN", batch, axis=None)`) only to learn its
+   structure and shapes.  When the global batch does not split evenly
+   (64 rows on 3 ranks) or has fewer rows than there are ranks, the ranks'
+   shards differ in shape and that reduction fails on every rank.  The
+   patch builds from this rank's own shard instead, which has the same
+   per-replica structure; nothing is communicated.
 """
 
 import tensorflow as tf
@@ -102,7 +114,7 @@ def _patch_batch_normalization():
     # The same condition under which the original updated the statistics.
     if (training and self.trainable and not self.synchronized and
         _active_mpi_world() > 1):
-      _average_over_ranks(self)
+      _average_over_ranks(self, inputs)
     return outputs
 
   call._mpistrategy_patched = True  # pylint: disable=protected-access
@@ -110,19 +122,73 @@ def _patch_batch_normalization():
   cls.call = call
 
 
-def _average_over_ranks(layer):
-  """Replaces `layer`'s non-trainable float weights by their cross-rank mean."""
+def _average_over_ranks(layer, inputs):
+  """Replaces `layer`'s non-trainable float weights by their cross-rank mean.
+
+  The mean is weighted by each rank's number of rows in `inputs`: the
+  moving mean's update is linear in the batch mean, so this gives what one
+  process would compute from the global batch, and a rank with no rows
+  (whose moments are NaN) is left out.  If no rank had rows, the weights
+  keep their values.
+
+  Args:
+    layer: a built `BatchNormalization` layer, after its own update.
+    inputs: the batch it was just called on.
+  """
   from mpistrategy import ops  # pylint: disable=g-import-not-at-top
   variables = [v for v in layer.non_trainable_variables
                if tf.as_dtype(v.dtype).is_floating]
   if not variables:
     return
   with tf.name_scope("MPIBatchNormStatistics"):
-    # Reads after the layer's own assign (automatic control dependencies).
-    averaged = ops.grouped_allreduce([v.value for v in variables],
-                                     op=ops.Average)
-  for variable, value in zip(variables, averaged):
-    variable.assign(value)
+    rows = tf.cast(tf.shape(inputs)[0], tf.float32)
+    weighted = []
+    for v in variables:
+      # Reads after the layer's own assign (automatic control dependencies).
+      value = v.value
+      weight = tf.cast(rows, value.dtype)
+      weighted.append(tf.where(rows > 0, value * weight,
+                               tf.zeros_like(value)))
+    sums = ops.grouped_allreduce(weighted + [rows], op=ops.Sum)
+    total_rows = sums[-1]
+    for v, total in zip(variables, sums[:-1]):
+      mean = total / tf.cast(tf.maximum(total_rows, 1.0), total.dtype)
+      v.assign(tf.where(total_rows > 0, mean, v.value))
+
+
+def _patch_symbolic_build():
+  from keras.src.backend.tensorflow import trainer as tf_trainer  # pylint: disable=g-import-not-at-top
+  cls = tf_trainer.TensorFlowTrainer
+  original = cls._maybe_symbolic_build  # pylint: disable=protected-access
+  if getattr(original, "_mpistrategy_patched", False):
+    return
+
+  def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+    strategy = self._distribute_strategy  # pylint: disable=protected-access
+    if iterator is None or not _is_multi_process(strategy):
+      return original(self, iterator=iterator, data_batch=data_batch)
+    # As the original: the first batch of the first epoch iterator.
+    for _, _, it in iterator:
+      data_batch = tf.nest.map_structure(
+          lambda x: _local_value(strategy, x), next(it))
+      break
+    return original(self, iterator=None, data_batch=data_batch)
+
+  _maybe_symbolic_build._mpistrategy_patched = True  # pylint: disable=protected-access
+  cls._maybe_symbolic_build = _maybe_symbolic_build  # pylint: disable=protected-access
+
+
+def _is_multi_process(strategy):
+  from mpistrategy import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  return (isinstance(strategy, strategy_lib.MPIStrategy) and
+          strategy.extended._num_workers > 1)  # pylint: disable=protected-access
+
+
+def _local_value(strategy, value):
+  """This rank's component of a distributed value (itself otherwise)."""
+  if isinstance(value, tf.distribute.DistributedValues):
+    return strategy.experimental_local_results(value)[0]
+  return value
 
 
 _WORLD = {"size": 1}
@@ -146,6 +212,9 @@ def install(rank, size):
   if "batch_norm" not in _INSTALLED:
     _patch_batch_normalization()
     _INSTALLED.add("batch_norm")
+  if "symbolic_build" not in _INSTALLED:
+    _patch_symbolic_build()
+    _INSTALLED.add("symbolic_build")
   if "progbar" not in _INSTALLED and size > 1:
     _patch_progbar(rank)
     _INSTALLED.add("progbar")

@@ -278,6 +278,44 @@ def test_unsynchronized_batch_norm_statistics_stay_identical(strategy, digits):
     assert not np.allclose(first.moving_mean.numpy(), 0.0)
 
 
+def test_uneven_batches_and_an_empty_rank(strategy):
+  """Global batches that do not split evenly, and a rank with no rows.
+
+  Keras builds the model from the first distributed batch (it used to
+  all-reduce it, which fails when the shards differ in shape); batch norm
+  moving statistics weight each rank by its rows, so they equal the global
+  batch's and a rank without rows (NaN moments) does not poison them.
+  """
+  size = mpistrategy.size()
+  batch = 4 * size + 1              # shards differ by one row
+  rows = batch + size - 1           # the last batch leaves one rank empty
+  rng = np.random.RandomState(7)
+  x = rng.randn(rows, 4).astype(np.float32) + 3.0
+  y = rng.randn(rows, 1).astype(np.float32)
+  momentum = 0.5
+  with strategy.scope():
+    model = keras.Sequential([
+        keras.Input((4,)),
+        keras.layers.BatchNormalization(center=False, scale=False,
+                                        momentum=momentum),
+        keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+  model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+  expected = np.zeros(4)
+  for start in (0, batch):
+    expected = (momentum * expected +
+                (1 - momentum) * x[start:start + batch].mean(axis=0))
+  moving_mean = model.layers[0].moving_mean.numpy()
+  np.testing.assert_allclose(moving_mean, expected, rtol=1e-5)
+  _assert_bit_identical_across_ranks([moving_mean], "BN moving mean")
+  # Fewer rows than ranks.
+  x_few, y_few = x[:size - 1 or 1], y[:size - 1 or 1]
+  loss = model.evaluate(x_few, y_few, batch_size=batch, verbose=0)
+  prediction = model.predict(x_few, batch_size=batch, verbose=0)
+  np.testing.assert_allclose(loss, np.mean((prediction - y_few) ** 2),
+                             rtol=1e-5)
+
+
 @pytest.mark.timeout(300)
 def test_mixed_float16_one_rank_overflows(strategy, digits):
   """Only rank 1 overflows: every rank skips the same steps, no hang."""
