@@ -1,5 +1,6 @@
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "cc/engine/common.h"
 #include "cc/engine/config.h"
@@ -118,6 +119,29 @@ TEST(ReduceKernels, BoolAndDivide) {
   int32_t i[1] = {3};
   EXPECT_EQ(DivideInPlace(DataType::kInt32, i, 1, 3).code(),
             StatusCode::kInvalidArgument);
+}
+
+TEST(ReduceKernels, MinMaxPropagateNanAndInt8Wraps) {
+  const float nan = std::nanf("");
+  for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax}) {
+    // NaN on either side, in a loop long enough to be vectorised.
+    std::vector<float> a(64, 1.0f), b(64, 2.0f);
+    a[3] = nan;
+    b[40] = nan;
+    ReduceInto(DataType::kFloat32, op, a.data(), b.data(), 64);
+    EXPECT_TRUE(std::isnan(b[3])) << ReduceOpName(op);
+    EXPECT_TRUE(std::isnan(b[40])) << ReduceOpName(op);
+    EXPECT_EQ(b[0], op == ReduceOp::kMin ? 1.0f : 2.0f);
+    double x[1] = {nan}, y[1] = {-1.0};
+    ReduceInto(DataType::kFloat64, op, y, x, 1);
+    EXPECT_TRUE(std::isnan(x[0]));
+  }
+  std::vector<int8_t> p(64, 100), q(64, 100);
+  ReduceInto(DataType::kInt8, ReduceOp::kSum, p.data(), q.data(), 64);
+  EXPECT_EQ(q[63], -56);  // wraps like numpy and TF
+  std::vector<uint8_t> u(64, 200), v(64, 200);
+  ReduceInto(DataType::kUint8, ReduceOp::kSum, u.data(), v.data(), 64);
+  EXPECT_EQ(v[0], 144);
 }
 
 }  // namespace

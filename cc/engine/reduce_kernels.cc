@@ -2,12 +2,33 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "cc/engine/float16.h"
 
 namespace mpistrategy {
 
 namespace {
+
+// min/max that propagate NaN like tf.minimum/tf.maximum (std::min/max
+// return whichever operand comes first when one is NaN).
+template <typename T>
+T Min(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) {
+    if (a != a) return a;
+    if (b != b) return b;
+  }
+  return std::min(a, b);
+}
+
+template <typename T>
+T Max(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) {
+    if (a != a) return a;
+    if (b != b) return b;
+  }
+  return std::max(a, b);
+}
 
 template <typename T>
 T Combine(ReduceOp op, T a, T b) {
@@ -16,9 +37,9 @@ T Combine(ReduceOp op, T a, T b) {
     case ReduceOp::kMean:
       return static_cast<T>(a + b);
     case ReduceOp::kMin:
-      return std::min(a, b);
+      return Min(a, b);
     case ReduceOp::kMax:
-      return std::max(a, b);
+      return Max(a, b);
     case ReduceOp::kProduct:
       return static_cast<T>(a * b);
   }

@@ -39,7 +39,7 @@ Status MpiError(int rc, const char* what) {
   } while (0)
 
 template <int kDtype, int kOp>
-void HalfReduce(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
+void UserReduce(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
   ReduceInto(static_cast<DataType>(kDtype), static_cast<ReduceOp>(kOp), in,
              inout, *len);
 }
@@ -47,19 +47,69 @@ void HalfReduce(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
 using MpiUserFn = void (*)(void*, void*, int*, MPI_Datatype*);
 
 template <int kDtype>
-MpiUserFn HalfReduceFn(ReduceOp op) {
+MpiUserFn UserReduceFnFor(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kMean:
-      return &HalfReduce<kDtype, static_cast<int>(ReduceOp::kSum)>;
+      return &UserReduce<kDtype, static_cast<int>(ReduceOp::kSum)>;
     case ReduceOp::kMin:
-      return &HalfReduce<kDtype, static_cast<int>(ReduceOp::kMin)>;
+      return &UserReduce<kDtype, static_cast<int>(ReduceOp::kMin)>;
     case ReduceOp::kMax:
-      return &HalfReduce<kDtype, static_cast<int>(ReduceOp::kMax)>;
+      return &UserReduce<kDtype, static_cast<int>(ReduceOp::kMax)>;
     case ReduceOp::kProduct:
-      return &HalfReduce<kDtype, static_cast<int>(ReduceOp::kProduct)>;
+      return &UserReduce<kDtype, static_cast<int>(ReduceOp::kProduct)>;
   }
   return nullptr;
+}
+
+template <DataType kDtype>
+MpiUserFn UserReduceFnOf(ReduceOp op) {
+  return UserReduceFnFor<static_cast<int>(kDtype)>(op);
+}
+
+MpiUserFn UserReduceFn(DataType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DataType::kFloat16:
+      return UserReduceFnOf<DataType::kFloat16>(op);
+    case DataType::kBFloat16:
+      return UserReduceFnOf<DataType::kBFloat16>(op);
+    case DataType::kInt8:
+      return UserReduceFnOf<DataType::kInt8>(op);
+    case DataType::kUint8:
+      return UserReduceFnOf<DataType::kUint8>(op);
+    case DataType::kFloat32:
+      return UserReduceFnOf<DataType::kFloat32>(op);
+    case DataType::kFloat64:
+      return UserReduceFnOf<DataType::kFloat64>(op);
+    default:
+      return nullptr;
+  }
+}
+
+// Where MPI's predefined op is missing or does not give TensorFlow's result,
+// reduce_kernels' own loop runs as a user-defined op instead:
+// * float16/bfloat16: MPI has no such types.
+// * int8/uint8 sum and product: Open MPI 4.1's AVX op component saturates
+//   8-bit sums of longer vectors (100 + 100 gives 127 instead of -56), so the
+//   result would depend on the tensor's length; TF wraps around.
+// * float32/float64 min and max: MPI_MIN/MPI_MAX keep or drop a NaN
+//   depending on operand order and vector length; tf.minimum/tf.maximum
+//   propagate it, and so do we.
+bool NeedsUserOp(DataType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DataType::kFloat16:
+    case DataType::kBFloat16:
+      return true;
+    case DataType::kInt8:
+    case DataType::kUint8:
+      return op == ReduceOp::kSum || op == ReduceOp::kMean ||
+             op == ReduceOp::kProduct;
+    case DataType::kFloat32:
+    case DataType::kFloat64:
+      return op == ReduceOp::kMin || op == ReduceOp::kMax;
+    default:
+      return false;
+  }
 }
 
 Status CheckIntRange(int64_t v, const char* what) {
@@ -150,21 +200,19 @@ Status MpiTransport::Init(MPI_Comm parent) {
   MPISTRATEGY_MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &half_type_),
                         "MPI_Type_contiguous");
   MPISTRATEGY_MPI_CHECK(MPI_Type_commit(&half_type_), "MPI_Type_commit");
-  for (int d = 0; d < 2; ++d) {
-    for (int o = 0; o < 5; ++o) half_ops_[d][o] = MPI_OP_NULL;
+  for (auto& row : user_ops_) {
+    for (MPI_Op& op : row) op = MPI_OP_NULL;
   }
   ops_created_ = true;
-  for (int o = 0; o < 5; ++o) {
-    const ReduceOp op = static_cast<ReduceOp>(o);
-    if (op == ReduceOp::kMean) continue;
-    MPISTRATEGY_MPI_CHECK(
-        MPI_Op_create(HalfReduceFn<static_cast<int>(DataType::kFloat16)>(op),
-                      1, &half_ops_[0][o]),
-        "MPI_Op_create");
-    MPISTRATEGY_MPI_CHECK(
-        MPI_Op_create(HalfReduceFn<static_cast<int>(DataType::kBFloat16)>(op),
-                      1, &half_ops_[1][o]),
-        "MPI_Op_create");
+  for (int d = 0; d < kNumDataTypes; ++d) {
+    for (int o = 0; o < kNumReduceOps; ++o) {
+      const DataType dtype = static_cast<DataType>(d);
+      const ReduceOp op = static_cast<ReduceOp>(o);
+      if (op == ReduceOp::kMean || !NeedsUserOp(dtype, op)) continue;
+      MPISTRATEGY_MPI_CHECK(
+          MPI_Op_create(UserReduceFn(dtype, op), 1, &user_ops_[d][o]),
+          "MPI_Op_create");
+    }
   }
   return Status::Ok();
 }
@@ -174,7 +222,7 @@ MpiTransport::~MpiTransport() {
   MPI_Finalized(&finalized);
   if (finalized) return;  // too late to free anything
   if (ops_created_) {
-    for (auto& row : half_ops_) {
+    for (auto& row : user_ops_) {
       for (MPI_Op& op : row) {
         if (op != MPI_OP_NULL) MPI_Op_free(&op);
       }
@@ -192,9 +240,7 @@ void MpiTransport::Map(DataType dtype, ReduceOp op, MPI_Datatype* mpi_type,
     case DataType::kFloat16:
     case DataType::kBFloat16:
       *mpi_type = half_type_;
-      *mpi_op = half_ops_[dtype == DataType::kFloat16 ? 0 : 1]
-                         [static_cast<int>(o)];
-      return;
+      break;
     case DataType::kBool:
       *mpi_type = MPI_C_BOOL;
       *mpi_op = (o == ReduceOp::kSum || o == ReduceOp::kMax) ? MPI_LOR
@@ -234,6 +280,8 @@ void MpiTransport::Map(DataType dtype, ReduceOp op, MPI_Datatype* mpi_type,
       *mpi_op = MPI_PROD;
       break;
   }
+  const MPI_Op user = user_ops_[static_cast<int>(dtype)][static_cast<int>(o)];
+  if (user != MPI_OP_NULL) *mpi_op = user;
 }
 
 Status MpiTransport::BitwiseAnd(std::vector<uint64_t>* bits) {

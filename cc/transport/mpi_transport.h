@@ -89,8 +89,12 @@ class MpiTransport : public Transport {
   int local_size_ = 1;
   // A 2-byte contiguous type for float16/bfloat16.
   MPI_Datatype half_type_ = MPI_DATATYPE_NULL;
-  // [0] float16, [1] bfloat16; index by ReduceOp (kMean unused -> kSum).
-  MPI_Op half_ops_[2][5];
+  // User-defined ops where MPI's predefined ones do not fit (see
+  // NeedsUserOp in the .cc), by [DataType][ReduceOp]; MPI_OP_NULL elsewhere
+  // (kMean uses kSum's).
+  static constexpr int kNumDataTypes = 9;
+  static constexpr int kNumReduceOps = 5;
+  MPI_Op user_ops_[kNumDataTypes][kNumReduceOps];
   bool ops_created_ = false;
   // Reused by the control plane.
   std::vector<int> counts_;

@@ -163,6 +163,37 @@ def test_allreduce_large(op, mode):
   np.testing.assert_allclose(y.numpy(), want, rtol=1e-6)
 
 
+@needs_peers
+@pytest.mark.parametrize("dtype", [tf.int8, tf.uint8])
+@pytest.mark.parametrize("count", [8, 64, 1000])
+def test_allreduce_8_bit_sums_wrap_like_numpy(dtype, count):
+  # Open MPI's vectorised MPI_SUM saturates 8-bit sums of longer vectors;
+  # the result must not depend on the length.
+  value = 100 if dtype == tf.int8 else 200
+  x = tf.fill([count], tf.constant(value, dtype))
+  want = (np.full([count], value, np.int64) * SIZE).astype(dtype.as_numpy_dtype)
+  for y in (ops.allreduce(x, name=f"wrap/{dtype.name}/{count}"),
+            ops.grouped_allreduce([x, x], name=f"wrap/g/{dtype.name}/{count}")[1]):
+    np.testing.assert_array_equal(y.numpy(), want)
+
+
+@needs_peers
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32,
+                                   tf.float64])
+@pytest.mark.parametrize("op", ["min", "max"])
+def test_allreduce_min_max_propagate_nan(dtype, op):
+  # Like tf.minimum/tf.maximum: a NaN on any rank wins, whatever the
+  # vector length (MPI_MIN/MPI_MAX keep or drop it by position).
+  for count in (1, 64):
+    x = np.full([count], 1.0 + RANK)
+    x[count // 2] = np.nan if RANK == 0 else 5.0
+    y = ops.allreduce(tf.constant(x, dtype), op=getattr(ops, op.capitalize()),
+                      name=f"nan/{dtype.name}/{op}/{count}")
+    y = y.numpy().astype(np.float64)
+    assert np.isnan(y[count // 2]), y
+    assert not np.isnan(np.delete(y, count // 2)).any(), y
+
+
 def test_allreduce_scalar_mean_from_python_float():
   y = ops.allreduce(float(RANK), op=ops.Average)
   assert y.shape == ()
