@@ -75,6 +75,9 @@ Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
 
 _FLOAT_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+# A MEAN over these is divided before the sum: summing N float16 values of a
+# mean's magnitude overflows (65504) N times sooner than the mean does.
+_DIVIDE_FIRST_DTYPES = (tf.float16, tf.bfloat16)
 _ALL_DTYPES = _FLOAT_DTYPES + (tf.int32, tf.int64, tf.uint8, tf.int8, tf.bool)
 _NUMERIC_DTYPES = _FLOAT_DTYPES + (tf.int32, tf.int64, tf.uint8, tf.int8)
 
@@ -437,7 +440,9 @@ def allreduce(tensor, op=Sum, name=None, compression=None):
       shape and dtype on every rank.
     op: `ops.Sum`, `ops.Average` (alias `ops.Mean`; floating dtypes only),
       `ops.Min`, `ops.Max` or `ops.Product`.  For bool, Sum/Max are logical
-      or and Min/Product logical and.
+      or and Min/Product logical and.  Min/Max propagate NaN like
+      `tf.minimum`.  Average of float16/bfloat16 divides before summing,
+      so it overflows only if the mean does.
     name: Pairs the collective across ranks; see the module docstring.
     compression: `None` or "none" (default), "fp16", "bf16", or a
       `mpistrategy.Compression` member; the same on every rank.
@@ -464,6 +469,7 @@ def allreduce(tensor, op=Sum, name=None, compression=None):
   lib = _ensure_initialized()
   tensor_name = _tensor_name(name, "allreduce")
   if not compressor.compresses(tensor.dtype):
+    [tensor], op = _divide_first_if_16_bit([tensor], op, lib)
     return lib.ops.mpi_strategy_allreduce(
         tensor, reduce_op=op.value, tensor_name=tensor_name)
   if op == ReduceOp.MEAN:
@@ -522,6 +528,7 @@ def grouped_allreduce(tensors, op=Sum, name=None, compression=None):
   lib = _ensure_initialized()
   tensor_name = _tensor_name(name, "grouped_allreduce")
   if not any(compressor.compresses(t.dtype) for t in converted):
+    converted, op = _divide_first_if_16_bit(converted, op, lib)
     return list(lib.ops.mpi_strategy_grouped_allreduce(
         converted, reduce_op=op.value, tensor_name=tensor_name))
   if op == ReduceOp.MEAN:
@@ -536,6 +543,30 @@ def grouped_allreduce(tensors, op=Sum, name=None, compression=None):
       tensor_name=tensor_name)
   return [compressor.decompress(r, context)
           for r, (_, context) in zip(reduced, compressed)]
+
+
+def _divide_first_if_16_bit(tensors, op, lib):
+  """A MEAN with float16/bfloat16 tensors as a division, then a SUM.
+
+  The engine's MEAN sums in the tensor's dtype and then divides, so two
+  ranks' float16 40000s would overflow to inf although their mean fits.
+  Dividing first (as the compressed path does) keeps every partial sum at
+  the mean's magnitude.  One reduce op covers a whole group, so a group
+  with any 16-bit float tensor divides all of them first.
+
+  Args:
+    tensors: a list of tensors.
+    op: the `ReduceOp` asked for.
+    lib: the loaded op library.
+
+  Returns:
+    `(tensors, op)` to submit.
+  """
+  if op != ReduceOp.MEAN or not any(
+      t.dtype in _DIVIDE_FIRST_DTYPES for t in tensors):
+    return tensors, op
+  world = lib.c.mpistrategy_size()
+  return [t / tf.cast(world, t.dtype) for t in tensors], ReduceOp.SUM
 
 
 def _grouped_allreduce_unpacked(tensors, name):
@@ -648,6 +679,7 @@ def reducescatter(tensor, op=Sum, name=None):
   _check_op_dtype(op, tensor, fn)
   _check_name(name, fn)
   lib = _ensure_initialized()
+  [tensor], op = _divide_first_if_16_bit([tensor], op, lib)
   return lib.ops.mpi_strategy_reducescatter(
       tensor, reduce_op=op.value,
       tensor_name=_tensor_name(name, "reducescatter"))
@@ -739,8 +771,22 @@ def _allreduce_grad(x, y, grad, reduce_op):
     return None
   total = allreduce(grad, op=Sum)
   if reduce_op in (ReduceOp.MIN, ReduceOp.MAX):
-    return total * tf.cast(tf.equal(x, y), grad.dtype)
-  return total * tf.math.divide_no_nan(y, x)  # PRODUCT
+    # As tf.reduce_max: the ranks holding the extreme share the gradient.
+    is_extreme = tf.cast(tf.equal(x, y), grad.dtype)
+    holders = allreduce(is_extreme, op=Sum)
+    return total * tf.math.divide_no_nan(is_extreme, holders)
+  # PRODUCT: d y / d x = the product of the other ranks' values.  y / x
+  # gives it wherever x != 0; where x == 0 it is the product of the other
+  # (nonzero) values if this is the only zero, else 0.
+  is_zero = tf.equal(x, tf.zeros_like(x))
+  zeros = allreduce(tf.cast(is_zero, tf.int32), op=Sum)
+  nonzero_product = allreduce(tf.where(is_zero, tf.ones_like(x), x),
+                              op=Product)
+  others = tf.where(
+      is_zero,
+      tf.where(tf.equal(zeros, 1), nonzero_product, tf.zeros_like(x)),
+      tf.math.divide_no_nan(y, x))
+  return total * tf.cast(others, grad.dtype)
 
 
 @tf.RegisterGradient("MpiStrategyAllreduce")

@@ -194,6 +194,25 @@ def test_allreduce_min_max_propagate_nan(dtype, op):
     assert not np.isnan(np.delete(y, count // 2)).any(), y
 
 
+@needs_peers
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
+def test_16_bit_mean_overflows_only_if_the_mean_does(dtype):
+  # Every rank holds 40000: the float16 sum overflows (> 65504), the mean
+  # does not.
+  x = tf.constant([[40000.0], [1.0]] * SIZE, dtype)
+  want = np.array([[40000.0], [1.0]] * SIZE)
+  y = ops.allreduce(x, op=ops.Average, name=f"mean16/{dtype.name}")
+  np.testing.assert_allclose(y.numpy().astype(np.float64), want, rtol=1e-2)
+  ys = ops.grouped_allreduce([x, tf.ones([2])], op=ops.Average,
+                             name=f"mean16/g/{dtype.name}")
+  np.testing.assert_allclose(ys[0].numpy().astype(np.float64), want,
+                             rtol=1e-2)
+  np.testing.assert_allclose(ys[1].numpy(), [1.0, 1.0], rtol=1e-6)
+  z = ops.reducescatter(x, op=ops.Average, name=f"mean16/rs/{dtype.name}")
+  np.testing.assert_allclose(z.numpy().astype(np.float64), [[40000.0], [1.0]],
+                             rtol=1e-2)
+
+
 def test_allreduce_scalar_mean_from_python_float():
   y = ops.allreduce(float(RANK), op=ops.Average)
   assert y.shape == ()
@@ -725,6 +744,41 @@ def test_allreduce_gradient_max(mode):
 
   g = run(mode, grad).numpy()
   want = [S if RANK == SIZE - 1 else 0.0, S if RANK == 0 else 0.0]
+  np.testing.assert_allclose(g, want)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_allreduce_gradient_max_ties_share(mode):
+  # Every rank holds the maximum 7 in column 0 (as tf.reduce_max, the tied
+  # ranks share the gradient) and only rank 0 does in column 1.
+  x = tf.Variable([7.0, 7.0 if RANK == 0 else 1.0])
+
+  def grad():
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(ops.allreduce(x, op=ops.Max) * (RANK + 1))
+    return tape.gradient(loss, x)
+
+  g = run(mode, grad).numpy()
+  np.testing.assert_allclose(g, [S / SIZE, S if RANK == 0 else 0.0])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_allreduce_gradient_product_with_zeros(mode):
+  # Column 0: no zeros; column 1: rank 0 holds the only zero; column 2:
+  # ranks 0 and 1 hold zeros.  d prod / d x_i = product of the others.
+  values = np.array([[RANK + 2.0, 0.0 if RANK == 0 else RANK + 2.0,
+                      0.0 if RANK < 2 else RANK + 2.0]])
+  x = tf.Variable(values[0])
+
+  def grad():
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(ops.allreduce(x, op=ops.Product) * (RANK + 1))
+    return tape.gradient(loss, x)
+
+  g = run(mode, grad).numpy()
+  everyone = np.array([[r + 2.0, 0.0 if r == 0 else r + 2.0,
+                        0.0 if r < 2 else r + 2.0] for r in range(SIZE)])
+  want = [S * np.prod(np.delete(everyone[:, c], RANK)) for c in range(3)]
   np.testing.assert_allclose(g, want)
 
 
