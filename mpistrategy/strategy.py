@@ -25,12 +25,25 @@ from mpistrategy import gpu
 from mpistrategy.cross_device_ops import mpi_all_reduce
 from mpistrategy.cross_device_ops import nccl_all_reduce
 
-# Dtypes the engine can broadcast.  Variables of other dtypes (strings,
-# resources) keep their local initial value.
+# Dtypes the engine can broadcast.  Other fixed-size numeric dtypes (int16,
+# uint32, complex64, ...) travel as their bytes; variables of the rest
+# (strings, resources, variants) keep their local initial value.
 _BROADCASTABLE = frozenset([
     tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64,
     tf.uint8, tf.int8, tf.bool,
 ])
+
+
+def _broadcast_initial_value(value):
+  """`value` as rank 0 has it, for any fixed-size numeric dtype."""
+  ops = _ops()
+  if value.dtype in _BROADCASTABLE:
+    return ops.broadcast(value, root_rank=0)
+  if value.dtype.is_integer or value.dtype.is_floating or value.dtype.is_complex:
+    # A broadcast copies bytes, so the bit pattern arrives unchanged.
+    received = ops.broadcast(tf.bitcast(value, tf.uint8), root_rank=0)
+    return tf.bitcast(received, value.dtype)
+  return value
 
 
 def _runtime():
@@ -207,9 +220,9 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
           initial_value = initial_value.wrapped_value
         initial_value = tf.convert_to_tensor(
             initial_value, dtype=kwargs.get("dtype", None))
-        if self._num_workers > 1 and initial_value.dtype in _BROADCASTABLE:
+        if self._num_workers > 1:
           with tf.name_scope("MPIBroadcastInitialValue"):
-            initial_value = _ops().broadcast(initial_value, root_rank=0)
+            initial_value = _broadcast_initial_value(initial_value)
         return initial_value
 
     return initial_value_fn

@@ -63,6 +63,18 @@ def test_variables_are_mirrored_and_broadcast(strategy):
   assert _same_everywhere([w.numpy()])
 
 
+@pytest.mark.parametrize("dtype", [tf.int16, tf.uint16, tf.uint32,
+                                   tf.uint64, tf.complex64, tf.complex128])
+def test_variables_of_other_numeric_dtypes_start_from_rank_0(strategy, dtype):
+  # Dtypes the engine does not reduce still start from rank 0's value
+  # (they travel as bytes), instead of silently keeping each rank's own.
+  with strategy.scope():
+    v = tf.Variable(tf.cast(tf.fill([2, 3], R + 1), dtype))
+    scalar = tf.Variable(tf.cast(R + 5, dtype))
+  np.testing.assert_array_equal(v.numpy(), np.ones([2, 3]))
+  assert scalar.numpy() == 5
+
+
 @pytest.mark.timeout(120)
 def test_reduce(strategy):
   t = tf.constant(float(R + 1))
