@@ -296,6 +296,7 @@ class Engine::Impl {
   Status AdmitLocked(const TensorEntry& entry);
   void Abort(const std::string& reason, double timeout_seconds);
   EngineStats stats() const;
+  bool stopped() const;
   TunedParameters tuned_parameters() const;
 
   const EngineConfig config_;
@@ -1010,6 +1011,12 @@ void Engine::Abort(const std::string& reason, double timeout_seconds) {
   impl_->Abort(reason, timeout_seconds);
 }
 
+bool Engine::Impl::stopped() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stopped_;
+}
+
+bool Engine::stopped() const { return impl_->stopped(); }
 int Engine::rank() const { return impl_->rank_; }
 int Engine::size() const { return impl_->size_; }
 int Engine::local_rank() const { return impl_->transport_->local_rank(); }

@@ -139,6 +139,10 @@ class Engine {
   // `timeout_seconds`.
   void Abort(const std::string& reason, double timeout_seconds);
 
+  // Thread-safe.  True once the background thread has stopped (a remote
+  // shutdown, Abort, a stall timeout or a transport error): every Enqueue
+  // then fails with the sticky error.
+  bool stopped() const;
   int rank() const;
   int size() const;
   int local_rank() const;

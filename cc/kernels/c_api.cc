@@ -127,6 +127,14 @@ int mpistrategy_is_initialized() {
   return mpistrategy::EngineHolder::Instance().Get() != nullptr ? 1 : 0;
 }
 
+// 1 when an engine exists but has stopped on an error (its collectives fail
+// with that error; mpistrategy_init replaces it), else 0.
+int mpistrategy_engine_stopped() {
+  std::shared_ptr<mpistrategy::Engine> engine =
+      mpistrategy::EngineHolder::Instance().Get();
+  return engine != nullptr && engine->stopped() ? 1 : 0;
+}
+
 // -1 when not initialized.
 int mpistrategy_rank() {
   return mpistrategy::EngineProperty([](const mpistrategy::Engine& e) {

@@ -54,6 +54,10 @@ std::shared_ptr<Engine> EngineHolder::Get() const {
 Status EngineHolder::Init(const EngineConfig& config,
                           const TransportFactory& factory) {
   std::lock_guard<std::mutex> lifecycle(lifecycle_mu_);
+  if (std::shared_ptr<Engine> running = Get(); running && running->stopped()) {
+    running.reset();
+    ShutdownLocked();
+  }
   if (std::shared_ptr<Engine> running = Get()) {
     const std::string diff = ConfigDifferences(running->config(), config);
     if (diff.empty()) return Status::Ok();
@@ -74,6 +78,10 @@ Status EngineHolder::Init(const EngineConfig& config,
 
 void EngineHolder::Shutdown() {
   std::lock_guard<std::mutex> lifecycle(lifecycle_mu_);
+  ShutdownLocked();
+}
+
+void EngineHolder::ShutdownLocked() {
   std::shared_ptr<Engine> engine;
   {
     std::lock_guard<std::mutex> lock(mu_);

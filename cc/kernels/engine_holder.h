@@ -35,7 +35,9 @@ class EngineHolder {
 
   // Thread-safe.  Creates the engine unless one runs already.  Initializing
   // again with an equal config is a no-op; with a different config it fails
-  // with FailedPrecondition naming the differing fields.
+  // with FailedPrecondition naming the differing fields.  An engine that
+  // stopped on an error (Engine::stopped) is replaced, whatever the config:
+  // like the first Init, that is collective.
   Status Init(const EngineConfig& config, const TransportFactory& factory);
 
   // Thread-safe.  Destroys the engine (pending entries fail with Aborted and
@@ -50,6 +52,9 @@ class EngineHolder {
 
  private:
   EngineHolder() = default;
+
+  // Shutdown's work; lifecycle_mu_ held.
+  void ShutdownLocked();
 
   // Serializes Init/Shutdown; never held by kernels.
   std::mutex lifecycle_mu_;

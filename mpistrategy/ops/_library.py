@@ -67,6 +67,8 @@ def _declare(c):
   c.mpistrategy_tuned_parameters.restype = ctypes.c_int
   c.mpistrategy_shutdown.argtypes = []
   c.mpistrategy_shutdown.restype = None
+  c.mpistrategy_engine_stopped.argtypes = []
+  c.mpistrategy_engine_stopped.restype = ctypes.c_int
   c.mpistrategy_abort.argtypes = [ctypes.c_char_p, ctypes.c_double]
   c.mpistrategy_abort.restype = None
   c.mpistrategy_mpi_abort.argtypes = [ctypes.c_int]

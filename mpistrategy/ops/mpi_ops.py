@@ -140,7 +140,10 @@ def _lib():
 def init(options=None):
   """Starts mpistrategy: MPI (unless already initialized) and the engine.
 
-  Idempotent: calling it again with the same resolved options does nothing.
+  Idempotent: calling it again with the same resolved options does nothing,
+  unless the engine stopped on an error (another rank shut down or raised,
+  a stall timed out): then it starts a new one, which, like the first
+  `init()`, every rank must call.
   The `MPISTRATEGY_<FIELD>` environment variables override `options` (see
   `mpistrategy.Options.from_env`).  When several ranks share a host and the
   launcher did not bind them to CPUs, TensorFlow's thread pools are sized to
@@ -165,7 +168,10 @@ def init(options=None):
   resolved = Options.from_env(base=options)
   with _state.lock:
     lib = _lib()
-    if _state.options is not None and lib.c.mpistrategy_is_initialized():
+    # An engine that stopped on an error (a rank shut down or raised, a
+    # stall timed out) is replaced below, like a first init.
+    if (_state.options is not None and lib.c.mpistrategy_is_initialized() and
+        not lib.c.mpistrategy_engine_stopped()):
       if resolved == _state.options:
         return
       diff = ", ".join(
@@ -223,7 +229,11 @@ def _shutdown_at_exit():
 
 
 def is_initialized():
-  """Returns True when the engine runs (between `init` and `shutdown`)."""
+  """Returns True between `init()` and `shutdown()`.
+
+  Also True after the engine stopped on an error (its collectives then fail
+  with that error until `init()` starts a new engine); see `init`.
+  """
   if _library._loaded is None:  # pylint: disable=protected-access
     return False
   return bool(_lib().c.mpistrategy_is_initialized())

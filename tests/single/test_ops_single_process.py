@@ -252,6 +252,29 @@ def test_not_initialized_error_from_kernel_then_reinit():
   assert mpistrategy.is_initialized()
 
 
+def test_init_replaces_an_engine_that_stopped_on_an_error():
+  mpistrategy.init()
+  options = mpistrategy.current_options()
+  lib = mpistrategy.ops.mpi_ops._lib()  # pylint: disable=protected-access
+  # What another rank's shutdown or exception does to this rank's engine.
+  lib.c.mpistrategy_abort(b"rank 1 raised ValueError: test", 1.0)
+  try:
+    assert mpistrategy.is_initialized()
+    for _ in range(2):  # the error is sticky
+      with pytest.raises(tf.errors.AbortedError, match="rank 1 raised"):
+        ops.allreduce(tf.ones([1]), name="after-abort")
+    # Even with other options: the stopped engine's options no longer hold.
+    mpistrategy.init(options.replace(cache_capacity=options.cache_capacity + 1))
+    assert ops.allreduce(tf.ones([2]), name="after-abort").numpy().tolist() == [
+        1.0, 1.0]
+    assert not lib.c.mpistrategy_engine_stopped()
+  finally:
+    mpistrategy.shutdown()
+    mpistrategy.init(options)
+  assert ops.allreduce(tf.ones([1]), name="after-abort").numpy().tolist() == [
+      1.0]
+
+
 def _engine_threads():
   """Threads of this process named like the engine's (Linux)."""
   names = []
