@@ -4,7 +4,8 @@
 > 1) it patches, once per process:
 
 * **Writes** -- `tf.train.Checkpoint.write/save` (`Checkpoint._write`), Keras
-  `ModelCheckpoint` and `BackupAndRestore`, and `tf.train.CheckpointManager`:
+  `ModelCheckpoint`, `BackupAndRestore`, `Model.save` and
+  `Model.save_weights`, and `tf.train.CheckpointManager`:
   every rank runs the same save code (saving may read `SyncOnRead` variables,
   which is a collective, so a rank that skipped saving would leave the others
   hanging), but only rank 0 writes the path the user gave.  Ranks > 0 write
@@ -26,7 +27,9 @@ every rank, at the same epoch, with identical weights.
 Paths the user reads directly (`model.load_weights(path)`,
 `keras.models.load_model(path)`) are read by each rank from its own file
 system, as in single-process code; with several hosts the path must be on a
-shared file system.
+shared file system, and a rank that reads what rank 0 just saved must wait
+for it (`mpistrategy.ops.barrier()`).  Code that saves on rank 0 only
+(Horovod style) keeps working: the patched writes communicate nothing.
 """
 
 import atexit
@@ -267,6 +270,31 @@ def _patch_keras_callbacks():
   mc._save_model = mc_save_model  # pylint: disable=protected-access
 
 
+def _mirror_for_write(path):
+  """`mirror_path(path)` with its parent directory made, for paths only."""
+  if not _active() or _is_chief() or not isinstance(path, (str, os.PathLike)):
+    return path
+  mirrored = mirror_path(path)
+  os.makedirs(os.path.dirname(mirrored), exist_ok=True)
+  return mirrored
+
+
+def _patch_keras_model_saving():
+  from keras.src.models import model as model_lib  # pylint: disable=g-import-not-at-top
+  cls = model_lib.Model
+  orig_save, orig_save_weights = cls.save, cls.save_weights
+
+  def save(self, filepath, *args, **kwargs):
+    return orig_save(self, _mirror_for_write(filepath), *args, **kwargs)
+
+  def save_weights(self, filepath, *args, **kwargs):
+    return orig_save_weights(self, _mirror_for_write(filepath), *args,
+                             **kwargs)
+
+  save.__doc__, save_weights.__doc__ = orig_save.__doc__, orig_save_weights.__doc__
+  cls.save, cls.save_weights = save, save_weights
+
+
 def install(rank, size):
   """Records the MPI world and applies the patches once (idempotent).
 
@@ -282,4 +310,5 @@ def install(rank, size):
     _STATE["installed"].add("tf")
   if "keras" not in _STATE["installed"]:
     _patch_keras_callbacks()
+    _patch_keras_model_saving()
     _STATE["installed"].add("keras")

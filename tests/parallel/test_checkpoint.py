@@ -98,6 +98,36 @@ def test_model_checkpoint_only_rank0_writes(strategy, workdir):
     np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
+@pytest.mark.timeout(300)
+def test_model_save_and_save_weights_on_every_rank(strategy, workdir):
+  # Single-process code run by every rank: only rank 0 writes the path, so
+  # the ranks do not corrupt each other's HDF5/zip files.
+  m = _model(strategy)
+  weights_path = os.path.join(workdir, "sub", "m.weights.h5")
+  model_path = os.path.join(workdir, "m.keras")
+  if R == 0:
+    os.makedirs(os.path.dirname(weights_path))
+  ops.barrier()
+  for _ in range(3):
+    m.save_weights(weights_path)
+    m.save(model_path)
+    ops.barrier()  # rank 0's files are complete
+    m2 = _model(strategy)
+    m2.load_weights(weights_path)
+    loaded = keras.models.load_model(model_path)
+    for a, b, c in zip(m.weights, m2.weights, loaded.weights):
+      np.testing.assert_array_equal(a.numpy(), b.numpy())
+      np.testing.assert_array_equal(a.numpy(), c.numpy())
+    ops.barrier()  # everyone read before the next round rewrites
+  assert sorted(os.listdir(workdir)) == ["m.keras", "sub"]
+  if R > 0:
+    assert os.path.exists(mpi_checkpoint.mirror_path(weights_path))
+  # Horovod-style code that saves on rank 0 only needs nothing from others.
+  if R == 0:
+    m.save_weights(weights_path)
+  ops.barrier()
+
+
 class _Interrupt(Exception):
   pass
 
