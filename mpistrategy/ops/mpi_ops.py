@@ -714,13 +714,15 @@ def alltoall(tensor, splits=None, name=None):
 
   Raises:
     TypeError: `tensor` or `splits` have unsupported types.
-    ValueError: `tensor` is a scalar or `splits` is not 1-D.
+    ValueError: `tensor` is a scalar, or `splits` is not 1-D or (when its
+      length is known) does not have one entry per rank.
     tf.errors.InvalidArgumentError: `splits` do not fit the tensor.
   """
   fn = "mpistrategy.ops.alltoall"
   tensor = _to_tensor(tensor, fn)
   if tensor.shape.rank == 0:
     raise ValueError(f"{fn}: `tensor` must have rank >= 1, got a scalar")
+  explicit_splits = splits is not None
   if splits is None:
     splits = tf.zeros([0], tf.int64)
   else:
@@ -733,6 +735,12 @@ def alltoall(tensor, splits=None, name=None):
                        f"{splits.shape}")
   _check_name(name, fn)
   lib = _ensure_initialized()
+  world = lib.c.mpistrategy_size()
+  if explicit_splits and splits.shape.rank == 1 and splits.shape[0] is not None \
+      and splits.shape[0] != world:
+    # An empty list would otherwise mean an even split (the op's encoding).
+    raise ValueError(f"{fn}: `splits` must have one entry per rank ({world}), "
+                     f"got {splits.shape[0]}; pass None for an even split")
   output, received = lib.ops.mpi_strategy_alltoall(
       tensor, splits, tensor_name=_tensor_name(name, "alltoall"))
   return output, received

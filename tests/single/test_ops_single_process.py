@@ -196,6 +196,11 @@ def test_alltoall_bad_splits():
     ops.alltoall(tf.ones([2]), splits=tf.ones([1], tf.float32))
   with pytest.raises(tf.errors.InvalidArgumentError, match="sum to 3"):
     ops.alltoall(tf.ones([2]), splits=[3])
+  # An empty list is not "even": that is None.
+  with pytest.raises(ValueError, match="one entry per rank"):
+    ops.alltoall(tf.ones([2]), splits=[])
+  with pytest.raises(ValueError, match="one entry per rank"):
+    ops.alltoall(tf.ones([2]), splits=[1, 1])
 
 
 def test_indexed_slices_rejected():
