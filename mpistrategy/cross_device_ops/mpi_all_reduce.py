@@ -280,9 +280,13 @@ class MPIAllReduce(_tfp.CrossDeviceOps):
     """Implements `tf.distribute.CrossDeviceOps.broadcast` with local copies.
 
     Like `MultiWorkerMirroredStrategy`, no cross-process traffic: the strategy
-    only broadcasts values that are already identical on every process
-    (e.g. `ONLY_FIRST_REPLICA` variable updates).  Variable *initial* values
-    are broadcast from rank 0 by the strategy itself.
+    broadcasts `ONLY_FIRST_REPLICA` variable updates this way, which Keras
+    computes identically on every process (`optimizer.iterations`, the
+    learning rate).  A rank-dependent value assigned to such a variable
+    therefore stays rank-local, as under `MultiWorkerMirroredStrategy`; a
+    broadcast from rank 0 here would cost a collective per optimizer step.
+    Variable *initial* values are broadcast from rank 0 by the strategy
+    itself.
 
     Args:
       tensor: the `tf.Tensor` to copy.
