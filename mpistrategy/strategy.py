@@ -77,8 +77,10 @@ def _init_engine(communication_options):
   if communication_options.timeout_seconds:
     overrides["stall_timeout_seconds"] = float(
         communication_options.timeout_seconds)
+  # Never restart an engine that stopped (see mpi_ops._init).
+  start = lambda opts=None: rt.ops.mpi_ops._init(opts, restart_stopped=False)  # pylint: disable=protected-access
   if not overrides:
-    rt.init()
+    start()
     return
   options_cls = getattr(rt, "Options", None)
   if options_cls is None:
@@ -103,7 +105,7 @@ def _init_engine(communication_options):
     opts = dataclasses.replace(base, **overrides)
   except TypeError:
     opts = options_cls(**overrides)
-  rt.init(opts)
+  start(opts)
 
 
 def _local_device():

@@ -107,7 +107,7 @@ class MPIAllReduce(_tfp.CrossDeviceOps):
     self._options = options
     self._compression = compression_lib.get(compression, "MPIAllReduce")
     rt = _runtime()
-    rt.init()
+    rt.ops.mpi_ops._init(None, restart_stopped=False)  # pylint: disable=protected-access
     self._world_size = rt.size()
 
   @property

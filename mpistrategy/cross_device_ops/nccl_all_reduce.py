@@ -53,7 +53,7 @@ class NcclAllReduce(mpi_all_reduce.MPIAllReduce):
     self._options = options
     self._compression = compressor
     rt = mpi_all_reduce._runtime()  # pylint: disable=protected-access
-    rt.init()
+    rt.ops.mpi_ops._init(None, restart_stopped=False)  # pylint: disable=protected-access
     self._world_size = rt.size()
 
   def _check_call_options(self, options):

@@ -162,12 +162,25 @@ def init(options=None):
     tf.errors.OpError: MPI or the engine failed to start (e.g.
       `tf.errors.FailedPreconditionError` when MPI was finalized already).
   """
+  _init(options, restart_stopped=True)
+
+
+def _init(options, restart_stopped):
+  """`init`; with `restart_stopped=False` a stopped engine is left as it is.
+
+  The library's own calls (the strategy, its cross-device ops) use False:
+  their engine may have stopped because another rank failed to start, and
+  a new start would wait for that rank forever.
+  """
   if options is not None and not isinstance(options, Options):
     raise TypeError("init: options must be an mpistrategy.Options or None, "
                     f"got {type(options).__name__}")
   resolved = Options.from_env(base=options)
   with _state.lock:
     lib = _lib()
+    if (not restart_stopped and _state.options is not None and
+        lib.c.mpistrategy_engine_stopped()):
+      return
     # An engine that stopped on an error (a rank shut down or raised, a
     # stall timed out) is replaced below, like a first init.
     if (_state.options is not None and lib.c.mpistrategy_is_initialized() and
@@ -247,7 +260,7 @@ def current_options():
 
 def _ensure_initialized():
   if not is_initialized():
-    init()
+    _init(None, restart_stopped=False)
   return _lib()
 
 

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -243,6 +244,16 @@ def test_a_rank_that_cannot_create_the_file_fails_every_rank(shared_dir):
         mpistrategy.init(mpistrategy.Options(timeline=missing))
     else:
       mpistrategy.init(mpistrategy.Options(timeline=missing))
+      # Once the engine has stopped, what MPIStrategy() does next must not
+      # start a new one (that would wait for rank 0 forever).
+      from mpistrategy.cross_device_ops import MPIAllReduce  # pylint: disable=g-import-not-at-top
+      from mpistrategy.ops import mpi_ops  # pylint: disable=g-import-not-at-top
+      deadline = time.monotonic() + 30
+      while (not mpi_ops._lib().c.mpistrategy_engine_stopped() and  # pylint: disable=protected-access
+             time.monotonic() < deadline):
+        time.sleep(0.01)
+      MPIAllReduce()
+      assert mpistrategy.size() == SIZE
       with pytest.raises(tf.errors.FailedPreconditionError,
                          match=r"rank 0 could not start mpistrategy: .*"
                          r"missing/trace\.json"):
