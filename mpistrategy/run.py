@@ -443,8 +443,9 @@ def build_command(args, environ, launcher, launcher_path, mpi_flavour="openmpi",
     raise ValueError("give either -H/--hosts or --hostfile, not both")
   if args.hostfile is not None and not os.path.isfile(args.hostfile):
     raise ValueError(f"--hostfile {args.hostfile}: no such file")
-  if args.kill_after < 0:
-    raise ValueError(f"--kill-after must be >= 0, got {args.kill_after:g}")
+  if not args.kill_after >= 0 or args.kill_after == float("inf"):  # NaN too
+    raise ValueError(
+        f"--kill-after must be a finite number >= 0, got {args.kill_after:g}")
   hosts = _parse_hosts(args.hosts) if args.hosts is not None else []
   program = _program(args, environ, executable)
   set_vars, notes = option_variables(args, environ)
@@ -677,7 +678,8 @@ def _mpi_library_version():
     mpi4py.rc.initialize = False  # only ask; do not start MPI
     mpi4py.rc.finalize = False
     from mpi4py import MPI  # pylint: disable=g-import-not-at-top
-    text = MPI.Get_library_version().strip().splitlines()[0].strip()
+    # Open MPI's string ends with a NUL byte.
+    text = MPI.Get_library_version().strip("\x00 \n").splitlines()[0].strip()
     return True, f"{text} (mpi4py {mpi4py.__version__})"
   except ImportError as e:
     return False, f"mpi4py not available ({e}); pip install mpi4py"

@@ -241,6 +241,12 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
               reduce_op, v, destinations, options), value)
     return super()._reduce_to(reduce_op, value, destinations, options)
 
+  def _distribute_datasets_from_function(self, dataset_fn, options):
+    dataset = super()._distribute_datasets_from_function(dataset_fn, options)
+    if self._num_workers > 1 and tf.executing_eagerly():
+      _agree_on_cardinality(dataset)
+    return dataset
+
   def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
     # `ReplicaContext.all_reduce` passes `(t, t.device)` pairs; inside a
     # tf.function a tensor that entered the replica function as an argument
@@ -405,6 +411,28 @@ class MPIStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     if axis is not None and _value_rank(value) == 0:
       axis = None
     return super().reduce(reduce_op, value, axis)
+
+
+def _agree_on_cardinality(dataset):
+  """Marks `dataset`'s cardinality unknown when the ranks' lengths differ.
+
+  `distribute_datasets_from_function` reports this rank's own number of
+  batches, and Keras sizes each epoch by it: with per-rank datasets of
+  different lengths (files of different sizes, say) a rank that ran out
+  first would end its epoch and wait in a different collective forever.
+  With the cardinality unknown, every rank iterates until all of them are
+  exhausted (ranks without data get empty batches), as in a custom loop.
+
+  Args:
+    dataset: a built `DistributedDatasetsFromFunction`; called on every rank.
+  """
+  mine = int(dataset._cardinality)  # pylint: disable=protected-access
+  everyone = _ops().allgather(
+      tf.constant([mine], tf.int64),
+      name="MPIStrategy/dataset_cardinality").numpy().tolist()
+  if len(set(everyone)) > 1:
+    dataset._cardinality = tf.data.UNKNOWN_CARDINALITY  # pylint: disable=protected-access
+    dataset._enable_get_next_as_optional = True  # pylint: disable=protected-access
 
 
 def _broadcast_seed():

@@ -316,6 +316,32 @@ def test_uneven_batches_and_an_empty_rank(strategy):
                              rtol=1e-5)
 
 
+def test_fit_on_per_rank_datasets_of_different_lengths(strategy):
+  """distribute_datasets_from_function with r + 2 batches on rank r.
+
+  Keras sizes the epoch by the dataset's cardinality, which is per rank;
+  the strategy makes it unknown when the ranks disagree, so every rank
+  steps until all are exhausted instead of waiting in different
+  collectives.
+  """
+  x = np.arange(40, dtype=np.float32).reshape(20, 2) / 40.0
+  y = x.sum(axis=1, keepdims=True)
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+
+  def dataset_fn(context):
+    batches = context.input_pipeline_id + 2
+    return tf.data.Dataset.from_tensor_slices(
+        (x[:2 * batches], y[:2 * batches])).batch(2)
+
+  dataset = strategy.distribute_datasets_from_function(dataset_fn)
+  history = model.fit(dataset, epochs=2, verbose=0)
+  assert np.isfinite(history.history["loss"]).all()
+  _assert_bit_identical_across_ranks(
+      [w.numpy() for w in model.weights], "weights after uneven per-rank data")
+
+
 @pytest.mark.timeout(300)
 def test_mixed_float16_one_rank_overflows(strategy, digits):
   """Only rank 1 overflows: every rank skips the same steps, no hang."""

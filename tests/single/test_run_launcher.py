@@ -242,6 +242,10 @@ def test_unknown_mpistrategy_variable_is_a_warning(script):
     (["-np", "2", "--hostfile", "/no/such/hosts", "{script}"],
      "--hostfile /no/such/hosts: no such file"),
     (["-np", "2", "--cycle-time-ms", "-1", "{script}"], "--cycle-time-ms"),
+    # NaN would pass a `< 0` check and disable the kill.
+    (["-np", "2", "--kill-after", "nan", "{script}"],
+     "--kill-after must be a finite number >= 0, got nan"),
+    (["-np", "2", "--kill-after", "-1", "{script}"], "--kill-after"),
 ])
 def test_bad_input_fails_before_launching(monkeypatch, capsys, script, argv,
                                           message):
@@ -461,6 +465,7 @@ def test_check_reports_the_build():
                        timeout=200, check=False, stdin=subprocess.DEVNULL)
   text = out.stdout
   assert out.returncode == 0, out.stdout + out.stderr
+  assert "\x00" not in text  # Open MPI's version string ends with NUL
   lines = text.splitlines()
   def line(prefix):
     found = [l for l in lines if l[4:].startswith(prefix)]
