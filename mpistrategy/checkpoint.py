@@ -19,7 +19,11 @@
   the files, which ranks > 0 put in their scratch mirror and read from there.
   Every rank therefore restores rank 0's state and takes the same branch, and
   no shared file system is needed.  (Files travel through
-  `mpistrategy.ops.broadcast`; they must fit in memory.)
+  `mpistrategy.ops.broadcast`; they must fit in memory.)  Reads are
+  therefore collective: every rank must call them, also in code that
+  saves on rank 0 only.  A `CheckpointManager` on ranks > 0 starts from
+  rank 0's state file when it can read it (same host or shared file
+  system), so `latest_checkpoint` and `checkpoints` agree with rank 0's.
 
 A killed and restarted job resumes from rank 0's `BackupAndRestore` backup on
 every rank, at the same epoch, with identical weights.
@@ -105,12 +109,16 @@ def _bcast_bytes(data):
   from mpistrategy import ops  # pylint: disable=g-import-not-at-top
   with tf.init_scope(), tf.name_scope("MPICheckpointFiles"):
     n = -1 if data is None else len(data)
-    n = int(ops.broadcast(tf.constant(n, tf.int64), root_rank=0).numpy())
+    # Named, so that a rank that skipped a collective read shows up as
+    # "MPICheckpointFiles/..." in the stall warnings.
+    n = int(ops.broadcast(tf.constant(n, tf.int64), root_rank=0,
+                          name="MPICheckpointFiles/size").numpy())
     if n < 0:
       return None
     buf = (np.frombuffer(data, np.uint8) if _is_chief() else
            np.zeros([n], np.uint8))
-    out = ops.broadcast(tf.constant(buf), root_rank=0).numpy()
+    out = ops.broadcast(tf.constant(buf), root_rank=0,
+                        name="MPICheckpointFiles/bytes").numpy()
   return out.tobytes()
 
 
@@ -161,6 +169,15 @@ def _sync_prefix(prefix):
 # ----------------------------------------------------------- tf.train.*
 
 
+def _copy_state_file(directory, mirror):
+  """Copies `directory`'s "checkpoint" state file into `mirror`, if any."""
+  source = os.path.join(directory, "checkpoint")
+  if not tf.io.gfile.exists(source):
+    return
+  tf.io.gfile.makedirs(mirror)
+  tf.io.gfile.copy(source, os.path.join(mirror, "checkpoint"), overwrite=True)
+
+
 def _patch_tf_checkpoint():
   cls = _tfp.tf_checkpoint.Checkpoint
   orig_write, orig_read = cls._write, cls.read  # pylint: disable=protected-access
@@ -190,7 +207,14 @@ def _patch_tf_checkpoint():
 
   def __init__(self, checkpoint, directory, *args, **kwargs):
     # Ranks > 0 keep their manager (state file, numbering, deletion of old
-    # checkpoints) entirely inside their scratch mirror.
+    # checkpoints) entirely inside their scratch mirror, starting from rank
+    # 0's state file where they can read it (same host or shared file
+    # system), so that `latest_checkpoint` and `checkpoints` agree with rank
+    # 0's and code like `if manager.latest_checkpoint: restore(...)` takes
+    # the same branch everywhere.  Nothing is communicated: managers made on
+    # rank 0 only keep working.
+    if _active() and not _is_chief():
+      _copy_state_file(os.fspath(directory), mirror_path(directory))
     orig_init(self, checkpoint, mirror_path(directory), *args, **kwargs)
 
   def restore_or_initialize(self):
@@ -203,6 +227,10 @@ def _patch_tf_checkpoint():
         self._init_fn()  # pylint: disable=protected-access
       return None
     self._checkpoint.restore(latest)  # pylint: disable=protected-access
+    if self._checkpoint_interval is not None:  # pylint: disable=protected-access
+      # As TF's version: the interval counts from the restored step.
+      self._last_checkpoint_step = _tfp.checkpoint_management._evaluate(  # pylint: disable=protected-access
+          self._step_counter)  # pylint: disable=protected-access
     return latest
 
   __init__.__doc__ = orig_init.__doc__

@@ -235,3 +235,39 @@ def test_tf_train_checkpoint_with_sync_on_read(strategy, workdir):
   restored = mgr2.restore_or_initialize()
   assert restored is not None and restored.endswith("ckpt-3")
   assert v.numpy().tolist() == [9.0, 9.0]
+
+
+@pytest.mark.timeout(300)
+def test_checkpoint_manager_after_a_restart_agrees_with_rank_0(strategy,
+                                                               workdir):
+  # The TF guide's pattern, run by every rank of a restarted job: a fresh
+  # manager over rank 0's directory must report rank 0's checkpoints, so
+  # every rank takes the same branch (restoring is collective).
+  with strategy.scope():
+    v = tf.Variable(0.0)
+    step = tf.Variable(0, dtype=tf.int64)
+  ckpt = tf.train.Checkpoint(v=v, step=step)
+  mdir = os.path.join(workdir, "restart")
+  first = tf.train.CheckpointManager(ckpt, mdir, max_to_keep=3)
+  for _ in range(2):
+    v.assign_add(1.0)
+    first.save()
+  ops.barrier()
+
+  v.assign(-1.0)
+  mgr = tf.train.CheckpointManager(ckpt, mdir, max_to_keep=3,
+                                   step_counter=step, checkpoint_interval=10)
+  latest = mgr.latest_checkpoint
+  assert latest is not None and os.path.basename(latest) == "ckpt-2"
+  assert [os.path.basename(p) for p in mgr.checkpoints] == ["ckpt-1",
+                                                            "ckpt-2"]
+  if mgr.latest_checkpoint:
+    ckpt.restore(mgr.latest_checkpoint)
+  assert v.numpy() == 2.0
+  assert os.path.basename(mgr.save()) == "ckpt-3"  # same numbering
+  # checkpoint_interval counts from the restored step, as in TF.
+  mgr2 = tf.train.CheckpointManager(ckpt, mdir, max_to_keep=3,
+                                    step_counter=step, checkpoint_interval=10)
+  assert mgr2.restore_or_initialize() is not None
+  step.assign_add(1)
+  assert mgr2.save() is None
