@@ -248,21 +248,34 @@ Request MakeRequest(const TensorEntry& e, int rank, int size) {
 // first failure ("" when none).  A rank whose Engine::Create failed (it
 // cannot create its timeline file, say) still takes part, so the other
 // ranks fail their collectives with its reason instead of waiting for it
-// forever.  Returns the agreed failure, or OK.
-Status AgreeOnStartup(Transport* transport, const Status& mine) {
-  std::string message;
+// forever.  The same exchange checks the settings every rank must share:
+// `cache_capacity` sizes the bit vector of every negotiation cycle, so ranks
+// that differ would pass MPI mismatched counts.  Returns the agreed failure,
+// or OK.
+Status AgreeOnStartup(Transport* transport, const Status& mine,
+                      int32_t cache_capacity) {
+  // "<cache_capacity>;<error or empty>"
+  std::string message = std::to_string(cache_capacity) + ";";
   if (!mine.ok()) {
-    message = "rank " + std::to_string(transport->rank()) +
-              " could not start mpistrategy: " + mine.message();
+    message += "rank " + std::to_string(transport->rank()) +
+               " could not start mpistrategy: " + mine.message();
   }
   std::vector<std::string> all;
   MPISTRATEGY_RETURN_IF_ERROR(transport->GatherBytes(message, &all));
   std::string first_failure;
   if (transport->rank() == 0) {
-    for (const std::string& m : all) {
-      if (!m.empty()) {
-        first_failure = m;
-        break;
+    const std::string capacity0 = all[0].substr(0, all[0].find(';'));
+    for (size_t r = 0; r < all.size() && first_failure.empty(); ++r) {
+      const size_t split = all[r].find(';');
+      const std::string error = all[r].substr(split + 1);
+      if (!error.empty()) {
+        first_failure = error;
+      } else if (all[r].substr(0, split) != capacity0) {
+        first_failure =
+            "ranks disagree on cache_capacity (rank 0: " + capacity0 +
+            ", rank " + std::to_string(r) + ": " + all[r].substr(0, split) +
+            "); set MPISTRATEGY_CACHE_CAPACITY (or Options.cache_capacity) "
+            "alike on every rank";
       }
     }
   }
@@ -553,7 +566,8 @@ Status Engine::Impl::StickyStatusFor(const std::string& name) const {
 }
 
 void Engine::Impl::Loop() {
-  const Status startup = AgreeOnStartup(transport_.get(), Status::Ok());
+  const Status startup =
+      AgreeOnStartup(transport_.get(), Status::Ok(), config_.cache_capacity);
   if (!startup.ok()) {
     Fatal(startup.code() == StatusCode::kFailedPrecondition
               ? StatusCode::kFailedPrecondition
@@ -986,7 +1000,7 @@ Status Engine::Create(const EngineConfig& config,
     if (autotune_log != nullptr) std::fclose(autotune_log);
     // The other ranks' engines wait for this rank's startup report; failing
     // without it would leave them hanging (see AgreeOnStartup).
-    AgreeOnStartup(transport.get(), local);
+    AgreeOnStartup(transport.get(), local, config.cache_capacity);
     return local;
   }
   std::unique_ptr<Engine> e(new Engine());

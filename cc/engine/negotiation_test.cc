@@ -690,6 +690,31 @@ TEST(Negotiation, MixedDtypeGroupsReduceBySegmentAndCompareDtypes) {
   });
 }
 
+// The bit vector of every cycle is sized by cache_capacity; ranks that
+// differ fail every collective naming the setting instead of handing MPI
+// mismatched counts.
+TEST(Negotiation, RanksMustAgreeOnCacheCapacity) {
+  auto world = FakeWorld::Create(2, 0, 30.0);
+  std::vector<std::unique_ptr<Engine>> engines(2);
+  for (int r = 0; r < 2; ++r) {
+    EngineConfig config = TestConfig();
+    config.cache_capacity = r == 0 ? 1024 : 0;
+    ASSERT_TRUE(
+        Engine::Create(config, world->CreateTransport(r), &engines[r]).ok());
+  }
+  OnEveryRank(2, [&](int rank) {
+    std::vector<char> in = Buffer(DataType::kFloat32, 4);
+    std::vector<char> out = Buffer(DataType::kFloat32, 4);
+    auto f = Submit(engines[rank].get(),
+                    AllreduceEntry("x", DataType::kFloat32, {4}, in, &out));
+    Status s = Await(&f);
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+    EXPECT_TRUE(Contains(s.message(), "ranks disagree on cache_capacity "
+                                      "(rank 0: 1024, rank 1: 0)"))
+        << s.message();
+  });
+}
+
 TEST(Negotiation, AllgatherDifferentFirstDims) {
   const int n = 3;
   Cluster c(n);
