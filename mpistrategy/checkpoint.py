@@ -4,8 +4,9 @@
 > 1) it patches, once per process:
 
 * **Writes** -- `tf.train.Checkpoint.write/save` (`Checkpoint._write`), Keras
-  `ModelCheckpoint`, `BackupAndRestore`, `Model.save` and
-  `Model.save_weights`, and `tf.train.CheckpointManager`:
+  `ModelCheckpoint`, `BackupAndRestore`, `Model.save`, `Model.save_weights`,
+  `Model.export` and `keras.saving.save_model`, and
+  `tf.train.CheckpointManager` (not `tf.saved_model.save`):
   every rank runs the same save code (saving may read `SyncOnRead` variables,
   which is a collective, so a rank that skipped saving would leave the others
   hanging), but only rank 0 writes the path the user gave.  Ranks > 0 write
@@ -321,6 +322,27 @@ def _patch_keras_model_saving():
 
   save.__doc__, save_weights.__doc__ = orig_save.__doc__, orig_save_weights.__doc__
   cls.save, cls.save_weights = save, save_weights
+
+  orig_export = cls.export
+
+  def export(self, filepath, *args, **kwargs):
+    return orig_export(self, _mirror_for_write(filepath), *args, **kwargs)
+
+  export.__doc__ = orig_export.__doc__
+  cls.export = export
+
+  # The function form, under each public name it has.
+  import keras  # pylint: disable=g-import-not-at-top
+  from keras.src.saving import saving_api  # pylint: disable=g-import-not-at-top
+  orig_save_model = saving_api.save_model
+
+  def save_model(model, filepath, *args, **kwargs):
+    return orig_save_model(model, _mirror_for_write(filepath), *args, **kwargs)
+
+  save_model.__doc__ = orig_save_model.__doc__
+  for module in (saving_api, keras.saving, keras.models):
+    if getattr(module, "save_model", None) is orig_save_model:
+      module.save_model = save_model
 
 
 def install(rank, size):

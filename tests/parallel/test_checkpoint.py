@@ -119,9 +119,19 @@ def test_model_save_and_save_weights_on_every_rank(strategy, workdir):
       np.testing.assert_array_equal(a.numpy(), b.numpy())
       np.testing.assert_array_equal(a.numpy(), c.numpy())
     ops.barrier()  # everyone read before the next round rewrites
-  assert sorted(os.listdir(workdir)) == ["m.keras", "sub"]
+  for i in range(2):
+    m.export(os.path.join(workdir, "exported"))
+    keras.saving.save_model(m, os.path.join(workdir, "f.keras"))
+    ops.barrier()
+  assert sorted(os.listdir(workdir)) == ["exported", "f.keras", "m.keras",
+                                         "sub"]
+  loaded = keras.models.load_model(os.path.join(workdir, "f.keras"))
+  np.testing.assert_array_equal(loaded.weights[0].numpy(),
+                                m.weights[0].numpy())
   if R > 0:
     assert os.path.exists(mpi_checkpoint.mirror_path(weights_path))
+    assert os.path.isdir(
+        mpi_checkpoint.mirror_path(os.path.join(workdir, "exported")))
   # Horovod-style code that saves on rank 0 only needs nothing from others.
   if R == 0:
     m.save_weights(weights_path)
