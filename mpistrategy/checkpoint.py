@@ -188,7 +188,13 @@ def _patch_tf_checkpoint():
       return orig_write(self, file_prefix, options)
     local = mirror_path(file_prefix)
     tf.io.gfile.makedirs(os.path.dirname(local))
-    return _unmirror(orig_write(self, local, options))
+    written = orig_write(self, local, options)
+    if isinstance(written, bytes):
+      written = written.decode()
+    if isinstance(written, str) and written.startswith(local):
+      # The user's spelling (relative, gs://...), as rank 0 returns it.
+      return os.fspath(file_prefix) + written[len(local):]
+    return _unmirror(written)
 
   def read(self, save_path, options=None):
     if not _active():

@@ -227,6 +227,13 @@ def test_tf_train_checkpoint_with_sync_on_read(strategy, workdir):
   # write/read and CheckpointManager.
   p2 = ckpt.write(os.path.join(workdir, "plain"))
   assert p2 == os.path.join(workdir, "plain")
+  # A relative prefix comes back as given, on every rank.
+  cwd = os.getcwd()
+  os.chdir(workdir)
+  try:
+    assert ckpt.write("relative/plain") == "relative/plain"
+  finally:
+    os.chdir(cwd)
   v.assign([5.0, 5.0 + R])
   ckpt.read(p2).assert_existing_objects_matched()
   assert v.numpy().tolist() == [1.0, 2.0]
