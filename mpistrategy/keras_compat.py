@@ -35,7 +35,10 @@ multi-process `MPIStrategy`, so single-process code is unaffected.
    moving variance averages the shards' variances.  A rank whose batch is
    empty (NaN moments) does not count.  The forward pass still normalizes
    with the local batch's statistics, as non-synchronized batch
-   normalization does.
+   normalization does.  The average is a collective, so such a layer must
+   run in training mode on every rank or on none: inside a `tf.cond` whose
+   branch depends on the rank's data it leaves the ranks waiting in
+   different collectives (the stall warning names them).
 
 4. `TensorFlowTrainer._maybe_symbolic_build` (Keras 3.15
    `keras/src/backend/tensorflow/trainer.py`): before `fit`/`evaluate`,
