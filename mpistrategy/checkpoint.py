@@ -91,6 +91,14 @@ def mirror_path(path):
   return os.path.join(root, rel)
 
 
+def _mirror_path_tensor(path):
+  """`mirror_path` for a string tensor (ranks > 0, local paths only)."""
+  root = _scratch_root()
+  absolute = tf.where(tf.strings.regex_full_match(path, "/.*"), path,
+                      tf.strings.join([os.getcwd(), os.sep, path]))
+  return tf.strings.join([root, absolute])
+
+
 def _unmirror(path):
   if path is None or not _active() or _is_chief():
     return path
@@ -186,9 +194,15 @@ def _patch_tf_checkpoint():
   def _write(self, file_prefix, options=None):
     if not _active() or _is_chief():
       return orig_write(self, file_prefix, options)
-    local = mirror_path(file_prefix)
-    tf.io.gfile.makedirs(os.path.dirname(local))
+    if isinstance(file_prefix, tf.Tensor):  # e.g. an argument of a tf.function
+      local = _mirror_path_tensor(file_prefix)
+    else:
+      local = mirror_path(file_prefix)
+      tf.io.gfile.makedirs(os.path.dirname(local))
     written = orig_write(self, local, options)
+    if isinstance(written, tf.Tensor):  # written inside a tf.function
+      with tf.control_dependencies([written]):
+        return tf.identity(tf.convert_to_tensor(file_prefix, tf.string))
     if isinstance(written, bytes):
       written = written.decode()
     if isinstance(written, str) and written.startswith(local):

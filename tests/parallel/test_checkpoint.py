@@ -234,6 +234,18 @@ def test_tf_train_checkpoint_with_sync_on_read(strategy, workdir):
     assert ckpt.write("relative/plain") == "relative/plain"
   finally:
     os.chdir(cwd)
+  # Inside a tf.function, with the prefix as a tensor or a str.
+  in_function = os.path.join(workdir, "in_function")
+
+  @tf.function
+  def write(prefix):
+    return ckpt.write(prefix)
+
+  assert write(tf.constant(in_function)).numpy().decode() == in_function
+  assert tf.function(lambda: ckpt.write(in_function + "2"))().numpy().decode(
+      ) == in_function + "2"
+  ops.barrier()
+  ckpt.read(in_function).assert_existing_objects_matched()
   v.assign([5.0, 5.0 + R])
   ckpt.read(p2).assert_existing_objects_matched()
   assert v.numpy().tolist() == [1.0, 2.0]
