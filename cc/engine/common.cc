@@ -185,7 +185,7 @@ Shape WithFirstDim(const Shape& shape, int64_t first) {
   return out;
 }
 
-PackedLayout MixedPackLayout(const std::vector<DataType>& dtypes,
+PackedLayout PackedGroupLayout(const std::vector<DataType>& dtypes,
                              const std::vector<Shape>& shapes) {
   auto align = [](int64_t bytes) {
     return (bytes + kPackAlignmentBytes - 1) / kPackAlignmentBytes *

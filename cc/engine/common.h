@@ -139,13 +139,14 @@ std::string RanksString(const std::vector<int>& ranks);
 // Seconds for messages: "61", "30", "0.5".
 std::string FormatSeconds(double seconds);
 
-// Layout of a grouped allreduce whose tensors have more than one dtype,
-// packed into one byte buffer (TensorEntry::packed_dtypes): one segment per
-// dtype, in order of the dtype's first appearance, holding that dtype's
-// tensors in group order.  Every tensor and segment starts at a multiple of
+// Layout of a grouped allreduce packed into one buffer by its kernel: one
+// segment per dtype (so one segment when the tensors share a dtype), in
+// order of the dtype's first appearance, holding that dtype's tensors in
+// group order.  Every tensor and segment starts at a multiple of
 // kPackAlignmentBytes (TF's allocation alignment, so the kernel's output
 // views are valid inputs to any op); the gaps are reduced like the tensors
-// and never read.  The kernel and the executor both use this layout.
+// and never read.  The kernel and, for several dtypes
+// (TensorEntry::packed_dtypes), the executor both use this layout.
 constexpr int64_t kPackAlignmentBytes = 64;
 struct PackedSegment {
   DataType dtype = DataType::kFloat32;
@@ -158,7 +159,7 @@ struct PackedLayout {
   int64_t total_bytes = 0;
 };
 // `dtypes` and `shapes` have one entry per tensor and the same length.
-PackedLayout MixedPackLayout(const std::vector<DataType>& dtypes,
+PackedLayout PackedGroupLayout(const std::vector<DataType>& dtypes,
                              const std::vector<Shape>& shapes);
 
 }  // namespace mpistrategy

@@ -38,9 +38,21 @@ TEST(Common, ConfigValidation) {
             "EngineConfig.cycle_time_ms must be a finite number > 0, got -1");
 }
 
-TEST(Common, MixedPackLayoutGroupsByDtypeAndAligns) {
+TEST(Common, PackedGroupLayoutOfOneDtypeIsOneAlignedSegment) {
+  // float32 [3], [5], []: at 0, 64 (after 12 bytes) and 128 (after 84).
+  const PackedLayout layout = PackedGroupLayout(
+      {DataType::kFloat32, DataType::kFloat32, DataType::kFloat32},
+      {{3}, {5}, {}});
+  ASSERT_EQ(layout.segments.size(), 1u);
+  EXPECT_EQ(layout.segments[0].byte_offset, 0);
+  EXPECT_EQ(layout.segments[0].elements, 33);  // (128 + 4) / 4
+  EXPECT_EQ(layout.byte_offsets, (std::vector<int64_t>{0, 64, 128}));
+  EXPECT_EQ(layout.total_bytes, 132);
+}
+
+TEST(Common, PackedGroupLayoutGroupsByDtypeAndAligns) {
   // float32 [3], int8 [5], float32 [], float64 [0], int8 [70].
-  const PackedLayout layout = MixedPackLayout(
+  const PackedLayout layout = PackedGroupLayout(
       {DataType::kFloat32, DataType::kInt8, DataType::kFloat32,
        DataType::kFloat64, DataType::kInt8},
       {{3}, {5}, {}, {0}, {70}});
@@ -62,7 +74,7 @@ TEST(Common, MixedPackLayoutGroupsByDtypeAndAligns) {
   for (int64_t offset : layout.byte_offsets) {
     EXPECT_EQ(offset % kPackAlignmentBytes, 0);
   }
-  EXPECT_EQ(MixedPackLayout({}, {}).total_bytes, 0);
+  EXPECT_EQ(PackedGroupLayout({}, {}).total_bytes, 0);
 }
 
 TEST(Float16, HalfRoundTripAndRounding) {

@@ -65,8 +65,27 @@ Status CheckNoNegativeDimension(const TensorEntry& e, const char* what,
   return Status::Ok();
 }
 
-// A group packed by dtype segments (TensorEntry::packed_dtypes).
-Status ValidateMixedPack(const TensorEntry& e) {
+// A group its kernel packed into one buffer (TensorEntry::packed_shapes and,
+// when it mixes dtypes, packed_dtypes).
+Status ValidatePackedGroup(const TensorEntry& e) {
+  for (const Shape& member : e.packed_shapes) {
+    MPISTRATEGY_RETURN_IF_ERROR(
+        CheckNoNegativeDimension(e, "packed shape", member));
+  }
+  if (e.packed_dtypes.empty()) {
+    int64_t packed_elements = 0;
+    for (const Shape& member : e.packed_shapes) {
+      packed_elements += NumElements(member);
+    }
+    if (e.type != CollectiveType::kAllreduce || e.shape.size() != 1 ||
+        e.shape[0] < packed_elements) {
+      return Status::InvalidArgument(
+          Describe(e) + ": packed_shapes need a 1-D allreduce with room for " +
+          std::to_string(packed_elements) + " elements, got shape " +
+          ShapeString(e.shape));
+    }
+    return Status::Ok();
+  }
   if (e.type != CollectiveType::kAllreduce || e.device != kCpuDevice ||
       e.packed_dtypes.size() != e.packed_shapes.size() ||
       e.dtype != DataType::kUint8) {
@@ -80,8 +99,6 @@ Status ValidateMixedPack(const TensorEntry& e) {
       return Status::InvalidArgument(Describe(e) + ": tensor " +
                                      std::to_string(i) + " has an unknown dtype");
     }
-    MPISTRATEGY_RETURN_IF_ERROR(
-        CheckNoNegativeDimension(e, "packed shape", e.packed_shapes[i]));
     if (e.reduce_op == ReduceOp::kMean &&
         !IsFloatingDataType(e.packed_dtypes[i])) {
       return Status::InvalidArgument(
@@ -90,7 +107,7 @@ Status ValidateMixedPack(const TensorEntry& e) {
     }
   }
   const int64_t bytes =
-      MixedPackLayout(e.packed_dtypes, e.packed_shapes).total_bytes;
+      PackedGroupLayout(e.packed_dtypes, e.packed_shapes).total_bytes;
   if (e.shape != Shape{bytes}) {
     return Status::InvalidArgument(
         Describe(e) + ": a mixed-dtype packed group needs shape [" +
@@ -126,29 +143,17 @@ Status ValidateEntry(const TensorEntry& e, int rank, int size) {
   const int64_t bytes = NumElements(e.shape) * DataTypeSize(e.dtype);
   const bool reduces = e.type == CollectiveType::kAllreduce ||
                        e.type == CollectiveType::kReducescatter;
-  if (!e.packed_dtypes.empty()) {
-    MPISTRATEGY_RETURN_IF_ERROR(ValidateMixedPack(e));
-  } else if (reduces && e.reduce_op == ReduceOp::kMean &&
-             !IsFloatingDataType(e.dtype)) {
+  // A mixed-dtype group's buffer is uint8; its tensors' dtypes are checked
+  // with the group.
+  if (e.packed_dtypes.empty() && reduces && e.reduce_op == ReduceOp::kMean &&
+      !IsFloatingDataType(e.dtype)) {
     return Status::InvalidArgument(
         Describe(e) + ": reduce_op mean needs a floating dtype (float16, "
         "bfloat16, float32, float64), got " + DataTypeName(e.dtype) +
         "; use sum and divide");
   }
-  if (!e.packed_shapes.empty() && e.packed_dtypes.empty()) {
-    int64_t packed_elements = 0;
-    for (const Shape& member : e.packed_shapes) {
-      MPISTRATEGY_RETURN_IF_ERROR(
-          CheckNoNegativeDimension(e, "packed shape", member));
-      packed_elements += NumElements(member);
-    }
-    if (e.type != CollectiveType::kAllreduce || e.shape.size() != 1 ||
-        e.shape[0] < packed_elements) {
-      return Status::InvalidArgument(
-          Describe(e) + ": packed_shapes need a 1-D allreduce with room for " +
-          std::to_string(packed_elements) + " elements, got shape " +
-          ShapeString(e.shape));
-    }
+  if (!e.packed_shapes.empty() || !e.packed_dtypes.empty()) {
+    MPISTRATEGY_RETURN_IF_ERROR(ValidatePackedGroup(e));
   }
   const bool needs_dim0 = e.type == CollectiveType::kAllgather ||
                           e.type == CollectiveType::kReducescatter ||

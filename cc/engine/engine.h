@@ -47,7 +47,7 @@ struct TensorEntry {
   std::vector<Shape> packed_shapes;
   // With packed_shapes, when the group mixes dtypes: each tensor's dtype, in
   // order.  The entry is then a byte buffer (dtype kUint8, shape
-  // {MixedPackLayout(...).total_bytes}) laid out by MixedPackLayout and
+  // {PackedGroupLayout(...).total_bytes}) laid out by PackedGroupLayout and
   // reduced one dtype segment at a time; still one name and one
   // negotiation, so ranks whose groups differ in dtypes fail naming the
   // tensor.  Empty for single-dtype groups (the buffer has `dtype`).  CPU

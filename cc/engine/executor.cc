@@ -226,7 +226,7 @@ Status Executor::AllreduceMixedPack(const Response& response,
                             "\" is not packed in place");
   }
   const PackedLayout layout =
-      MixedPackLayout(response.packed_dtypes, response.packed_shapes);
+      PackedGroupLayout(response.packed_dtypes, response.packed_shapes);
   for (const PackedSegment& segment : layout.segments) {
     if (segment.elements == 0) continue;
     char* data = buffer + segment.byte_offset;

@@ -26,8 +26,7 @@ struct FusionBucket {
 // closes and the response opens a new one.  Everything else (other
 // collectives, errors, allreduces larger than the threshold, mixed-dtype
 // packed groups, or any response when `threshold_bytes` is 0) is a bucket of
-// its own.  Buckets are returned
-// in the order of their first member.
+// its own.  Buckets are returned in the order of their first member.
 //
 // Args:
 //   responses: the cycle's ordered responses.

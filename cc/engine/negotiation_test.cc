@@ -560,7 +560,7 @@ TEST(Negotiation, PackedGroupsCompareTheirTensors) {
 }
 
 // A group of several dtypes is one byte buffer with a segment per dtype
-// (MixedPackLayout), reduced segment by segment under one name; groups that
+// (PackedGroupLayout), reduced segment by segment under one name; groups that
 // differ in a tensor's dtype fail on every rank naming the tensor, whether
 // the other rank's group is mixed or not.
 TEST(Negotiation, MixedDtypeGroupsReduceBySegmentAndCompareDtypes) {
@@ -572,7 +572,7 @@ TEST(Negotiation, MixedDtypeGroupsReduceBySegmentAndCompareDtypes) {
     const std::vector<DataType> dtypes = {DataType::kFloat32, DataType::kInt32,
                                           DataType::kFloat32, DataType::kInt64};
     const std::vector<Shape> shapes = {{3}, {2}, {1}, {}};
-    const PackedLayout layout = MixedPackLayout(dtypes, shapes);
+    const PackedLayout layout = PackedGroupLayout(dtypes, shapes);
     std::vector<char> buffer(static_cast<size_t>(layout.total_bytes));
     auto mixed = [&](const std::string& name, std::vector<DataType> d,
                      ReduceOp op = ReduceOp::kSum) {
@@ -643,7 +643,7 @@ TEST(Negotiation, MixedDtypeGroupsReduceBySegmentAndCompareDtypes) {
       m.packed_shapes = {{3}, {2}, {1}};
       m.packed_dtypes = {DataType::kFloat32, DataType::kInt32,
                          DataType::kFloat32};
-      m.shape = {MixedPackLayout(m.packed_dtypes, m.packed_shapes).total_bytes};
+      m.shape = {PackedGroupLayout(m.packed_dtypes, m.packed_shapes).total_bytes};
       auto f = Submit(e, rank == 2 ? std::move(t) : std::move(m));
       Status s = Await(&f);
       EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();

@@ -10,24 +10,10 @@ namespace mpistrategy {
 
 namespace {
 
-// min/max that propagate NaN like tf.minimum/tf.maximum (std::min/max
-// return whichever operand comes first when one is NaN).
 template <typename T>
-T Min(T a, T b) {
-  if constexpr (std::is_floating_point<T>::value) {
-    if (a != a) return a;
-    if (b != b) return b;
-  }
-  return std::min(a, b);
-}
-
-template <typename T>
-T Max(T a, T b) {
-  if constexpr (std::is_floating_point<T>::value) {
-    if (a != a) return a;
-    if (b != b) return b;
-  }
-  return std::max(a, b);
+bool IsNan(T v) {
+  if constexpr (std::is_floating_point<T>::value) return v != v;
+  return false;
 }
 
 template <typename T>
@@ -37,9 +23,12 @@ T Combine(ReduceOp op, T a, T b) {
     case ReduceOp::kMean:
       return static_cast<T>(a + b);
     case ReduceOp::kMin:
-      return Min(a, b);
     case ReduceOp::kMax:
-      return Max(a, b);
+      // A NaN wins, as in tf.minimum/tf.maximum (std::min/max would return
+      // whichever operand comes first).
+      if (IsNan(a)) return a;
+      if (IsNan(b)) return b;
+      return op == ReduceOp::kMin ? std::min(a, b) : std::max(a, b);
     case ReduceOp::kProduct:
       return static_cast<T>(a * b);
   }

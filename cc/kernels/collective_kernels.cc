@@ -161,7 +161,7 @@ class AllreduceKernel : public ReducingKernel {
 
 // With `pack` (the default) it copies the inputs into one buffer and
 // all-reduces it in place (a group of several dtypes: one byte buffer with a
-// segment per dtype, see MixedPackLayout); the outputs are views of it.  The
+// segment per dtype, see PackedGroupLayout); the outputs are views of it.  The
 // engine then sees one entry instead of one per tensor: one name to
 // negotiate and no copies into and out of its fusion buffer, which is what
 // makes a group of many small tensors cheap.  The inputs' shapes (and, when
@@ -182,19 +182,6 @@ class GroupedAllreduceKernel : public ReducingKernel {
       SubmitEach(ctx, engine.get(), std::move(done));
       return;
     }
-    // Input indices by dtype, dtypes in order of first appearance.
-    std::vector<std::pair<tensorflow::DataType, std::vector<int>>> by_dtype;
-    for (int i = 0; i < ctx->num_inputs(); ++i) {
-      const tensorflow::DataType dtype = ctx->input(i).dtype();
-      auto it = std::find_if(
-          by_dtype.begin(), by_dtype.end(),
-          [dtype](const auto& group) { return group.first == dtype; });
-      if (it == by_dtype.end()) {
-        by_dtype.emplace_back(dtype, std::vector<int>());
-        it = std::prev(by_dtype.end());
-      }
-      it->second.push_back(i);
-    }
     // Always one entry named tensor_name(), whatever the dtypes, so that
     // ranks whose groups differ in dtypes meet under one name and fail
     // naming the tensor instead of waiting for each other's names.
@@ -204,14 +191,7 @@ class GroupedAllreduceKernel : public ReducingKernel {
     entry.reduce_op = reduce_op();
     entry.device = EngineDevice(ctx);
     Tensor buffer;
-    if (by_dtype.size() == 1) {
-      const tensorflow::DataType dtype = by_dtype[0].first;
-      OP_REQUIRES_OK_ASYNC(ctx, ToEngineDataType(dtype, &entry.dtype), done);
-      OP_REQUIRES_OK_ASYNC(
-          ctx, Pack(ctx, dtype, by_dtype[0].second, &entry, &buffer), done);
-    } else {
-      OP_REQUIRES_OK_ASYNC(ctx, PackMixed(ctx, &entry, &buffer), done);
-    }
+    OP_REQUIRES_OK_ASYNC(ctx, Pack(ctx, &entry, &buffer), done);
     std::vector<TensorEntry> entries;
     entries.push_back(std::move(entry));
     std::vector<Tensor> buffers;
@@ -284,75 +264,27 @@ class GroupedAllreduceKernel : public ReducingKernel {
     engine->EnqueueGroup(std::move(entries));
   }
 
-  // Copies inputs `members` (all of `dtype`) into a new 1-D `buffer`, each
-  // at an offset aligned like any TF allocation (so the output slices are
-  // valid inputs to every kernel), sets those outputs to the slices and
-  // describes the buffer in `entry` (shape, packed_shapes, input = output).
-  static absl::Status Pack(OpKernelContext* ctx, tensorflow::DataType dtype,
-                           const std::vector<int>& members, TensorEntry* entry,
+  // Copies every input into one new byte `buffer` laid out by
+  // PackedGroupLayout (a segment per dtype, every tensor aligned like a TF
+  // allocation, so the outputs are valid inputs to every kernel), sets the
+  // outputs to views of it and describes it in `entry` (packed_shapes,
+  // input = output).  With one dtype the entry is a 1-D tensor of that dtype,
+  // fusible like any allreduce; with several it is the uint8 bytes plus
+  // packed_dtypes.
+  static absl::Status Pack(OpKernelContext* ctx, TensorEntry* entry,
                            Tensor* buffer) {
-    const int64_t element_size = tensorflow::DataTypeSize(dtype);
-    const int64_t align_elements = std::max<int64_t>(
-        1, tensorflow::Allocator::kAllocatorAlignment / element_size);
-    std::vector<int64_t> offsets;
-    offsets.reserve(members.size());
-    int64_t total = 0;
-    for (int i : members) {
-      total = (total + align_elements - 1) / align_elements * align_elements;
-      offsets.push_back(total);
-      total += ctx->input(i).NumElements();
-      entry->packed_shapes.push_back(ToEngineShape(ctx->input(i).shape()));
-    }
-    TF_RETURN_IF_ERROR(ctx->allocate_temp(dtype, TensorShape({total}), buffer));
-    char* base = total > 0 ? static_cast<char*>(buffer->data()) : nullptr;
-    int64_t written = 0;  // elements; the gaps are zeroed, never read
-    for (size_t k = 0; k < members.size(); ++k) {
-      const Tensor& input = ctx->input(members[k]);
-      const int64_t count = input.NumElements();
-      if (offsets[k] > written) {
-        std::memset(base + written * element_size, 0,
-                    (offsets[k] - written) * element_size);
-      }
-      if (count > 0) {
-        std::memcpy(base + offsets[k] * element_size, input.data(),
-                    count * element_size);
-      }
-      written = offsets[k] + count;
-      Tensor output;
-      if (!output.CopyFrom(buffer->Slice(offsets[k], offsets[k] + count),
-                           input.shape())) {
-        return absl::InternalError(absl::StrCat(
-            "grouped allreduce \"", entry->name, "\": cannot view tensor ",
-            members[k], " of the packed buffer as shape ",
-            input.shape().DebugString()));
-      }
-      ctx->set_output(members[k], output);
-    }
-    entry->shape = Shape{total};
-    entry->input = base;
-    entry->output = base;
-    return absl::OkStatus();
-  }
-
-  // A group of several dtypes: copies every input into one byte buffer laid
-  // out by MixedPackLayout (a segment per dtype), sets the outputs to views
-  // of it and describes it in `entry` (uint8 shape [bytes], packed_shapes,
-  // packed_dtypes, input = output).
-  static absl::Status PackMixed(OpKernelContext* ctx, TensorEntry* entry,
-                                Tensor* buffer) {
     static_assert(kPackAlignmentBytes %
                           tensorflow::Allocator::kAllocatorAlignment ==
                       0,
                   "packed views must be aligned like TF allocations");
     const int n = ctx->num_inputs();
+    std::vector<DataType> dtypes(n);
     for (int i = 0; i < n; ++i) {
-      DataType dtype;
-      TF_RETURN_IF_ERROR(ToEngineDataType(ctx->input(i).dtype(), &dtype));
-      entry->packed_dtypes.push_back(dtype);
+      TF_RETURN_IF_ERROR(ToEngineDataType(ctx->input(i).dtype(), &dtypes[i]));
       entry->packed_shapes.push_back(ToEngineShape(ctx->input(i).shape()));
     }
     const PackedLayout layout =
-        MixedPackLayout(entry->packed_dtypes, entry->packed_shapes);
+        PackedGroupLayout(dtypes, entry->packed_shapes);
     TF_RETURN_IF_ERROR(ctx->allocate_temp(
         tensorflow::DT_UINT8, TensorShape({layout.total_bytes}), buffer));
     char* base = layout.total_bytes > 0
@@ -385,8 +317,14 @@ class GroupedAllreduceKernel : public ReducingKernel {
       }
       ctx->set_output(i, output);
     }
-    entry->dtype = DataType::kUint8;
-    entry->shape = Shape{layout.total_bytes};
+    if (layout.segments.size() == 1) {
+      entry->dtype = dtypes[0];
+      entry->shape = Shape{layout.total_bytes / DataTypeSize(dtypes[0])};
+    } else {
+      entry->dtype = DataType::kUint8;
+      entry->shape = Shape{layout.total_bytes};
+      entry->packed_dtypes = std::move(dtypes);
+    }
     entry->input = base;
     entry->output = base;
     return absl::OkStatus();

@@ -38,49 +38,43 @@ Status MpiError(int rc, const char* what) {
     if (rc_ != MPI_SUCCESS) return MpiError(rc_, what); \
   } while (0)
 
-template <int kDtype, int kOp>
+template <DataType kDtype, ReduceOp kOp>
 void UserReduce(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
-  ReduceInto(static_cast<DataType>(kDtype), static_cast<ReduceOp>(kOp), in,
-             inout, *len);
+  ReduceInto(kDtype, kOp, in, inout, *len);
 }
 
 using MpiUserFn = void (*)(void*, void*, int*, MPI_Datatype*);
 
-template <int kDtype>
+template <DataType kDtype>
 MpiUserFn UserReduceFnFor(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kMean:
-      return &UserReduce<kDtype, static_cast<int>(ReduceOp::kSum)>;
+      return &UserReduce<kDtype, ReduceOp::kSum>;
     case ReduceOp::kMin:
-      return &UserReduce<kDtype, static_cast<int>(ReduceOp::kMin)>;
+      return &UserReduce<kDtype, ReduceOp::kMin>;
     case ReduceOp::kMax:
-      return &UserReduce<kDtype, static_cast<int>(ReduceOp::kMax)>;
+      return &UserReduce<kDtype, ReduceOp::kMax>;
     case ReduceOp::kProduct:
-      return &UserReduce<kDtype, static_cast<int>(ReduceOp::kProduct)>;
+      return &UserReduce<kDtype, ReduceOp::kProduct>;
   }
   return nullptr;
-}
-
-template <DataType kDtype>
-MpiUserFn UserReduceFnOf(ReduceOp op) {
-  return UserReduceFnFor<static_cast<int>(kDtype)>(op);
 }
 
 MpiUserFn UserReduceFn(DataType dtype, ReduceOp op) {
   switch (dtype) {
     case DataType::kFloat16:
-      return UserReduceFnOf<DataType::kFloat16>(op);
+      return UserReduceFnFor<DataType::kFloat16>(op);
     case DataType::kBFloat16:
-      return UserReduceFnOf<DataType::kBFloat16>(op);
+      return UserReduceFnFor<DataType::kBFloat16>(op);
     case DataType::kInt8:
-      return UserReduceFnOf<DataType::kInt8>(op);
+      return UserReduceFnFor<DataType::kInt8>(op);
     case DataType::kUint8:
-      return UserReduceFnOf<DataType::kUint8>(op);
+      return UserReduceFnFor<DataType::kUint8>(op);
     case DataType::kFloat32:
-      return UserReduceFnOf<DataType::kFloat32>(op);
+      return UserReduceFnFor<DataType::kFloat32>(op);
     case DataType::kFloat64:
-      return UserReduceFnOf<DataType::kFloat64>(op);
+      return UserReduceFnFor<DataType::kFloat64>(op);
     default:
       return nullptr;
   }
