@@ -197,8 +197,7 @@ def _patch_tf_checkpoint():
     if isinstance(file_prefix, tf.Tensor):  # e.g. an argument of a tf.function
       local = _mirror_path_tensor(file_prefix)
     else:
-      local = mirror_path(file_prefix)
-      tf.io.gfile.makedirs(os.path.dirname(local))
+      local = _mirror_for_write(file_prefix)
     written = orig_write(self, local, options)
     if isinstance(written, tf.Tensor):  # written inside a tf.function
       with tf.control_dependencies([written]):
@@ -234,9 +233,10 @@ def _patch_tf_checkpoint():
     # 0's and code like `if manager.latest_checkpoint: restore(...)` takes
     # the same branch everywhere.  Nothing is communicated: managers made on
     # rank 0 only keep working.
-    if _active() and not _is_chief():
-      _copy_state_file(os.fspath(directory), mirror_path(directory))
-    orig_init(self, checkpoint, mirror_path(directory), *args, **kwargs)
+    mirror = mirror_path(directory)
+    if mirror != os.fspath(directory):
+      _copy_state_file(os.fspath(directory), mirror)
+    orig_init(self, checkpoint, mirror, *args, **kwargs)
 
   def restore_or_initialize(self):
     if not _active():
@@ -324,7 +324,7 @@ def _mirror_for_write(path):
   if not _active() or _is_chief() or not isinstance(path, (str, os.PathLike)):
     return path
   mirrored = mirror_path(path)
-  os.makedirs(os.path.dirname(mirrored), exist_ok=True)
+  tf.io.gfile.makedirs(os.path.dirname(mirrored))
   return mirrored
 
 

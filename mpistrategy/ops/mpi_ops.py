@@ -178,13 +178,13 @@ def _init(options, restart_stopped):
   resolved = Options.from_env(base=options)
   with _state.lock:
     lib = _lib()
-    if (not restart_stopped and _state.options is not None and
-        lib.c.mpistrategy_engine_stopped()):
+    stopped = bool(lib.c.mpistrategy_engine_stopped())
+    if stopped and not restart_stopped and _state.options is not None:
       return
     # An engine that stopped on an error (a rank shut down or raised, a
     # stall timed out) is replaced below, like a first init.
     if (_state.options is not None and lib.c.mpistrategy_is_initialized() and
-        not lib.c.mpistrategy_engine_stopped()):
+        not stopped):
       if resolved == _state.options:
         return
       diff = ", ".join(
@@ -495,11 +495,8 @@ def allreduce(tensor, op=Sum, name=None, compression=None):
     [tensor], op = _divide_first_if_16_bit([tensor], op, lib)
     return lib.ops.mpi_strategy_allreduce(
         tensor, reduce_op=op.value, tensor_name=tensor_name)
-  if op == ReduceOp.MEAN:
-    # Divide first: the wire then sums values of the mean's magnitude (a
-    # float16 sum of N inputs would overflow N times sooner).
-    tensor = tensor / tf.cast(lib.c.mpistrategy_size(), tensor.dtype)
-    op = ReduceOp.SUM
+  # The wire is 16-bit, so a MEAN always divides first.
+  [tensor], op = _mean_as_divided_sum([tensor], op, lib)
   wire, context = compressor.compress(tensor)
   reduced = lib.ops.mpi_strategy_allreduce(
       wire, reduce_op=op.value, tensor_name=tensor_name)
@@ -554,12 +551,8 @@ def grouped_allreduce(tensors, op=Sum, name=None, compression=None):
     converted, op = _divide_first_if_16_bit(converted, op, lib)
     return list(lib.ops.mpi_strategy_grouped_allreduce(
         converted, reduce_op=op.value, tensor_name=tensor_name))
-  if op == ReduceOp.MEAN:
-    # One reduce op for the whole group: divide every tensor first (see
-    # `allreduce`) and sum.
-    world = lib.c.mpistrategy_size()
-    converted = [t / tf.cast(world, t.dtype) for t in converted]
-    op = ReduceOp.SUM
+  # The wire is 16-bit, so a MEAN always divides first.
+  converted, op = _mean_as_divided_sum(converted, op, lib)
   compressed = [compressor.compress(t) for t in converted]
   reduced = lib.ops.mpi_strategy_grouped_allreduce(
       [wire for wire, _ in compressed], reduce_op=op.value,
@@ -568,14 +561,13 @@ def grouped_allreduce(tensors, op=Sum, name=None, compression=None):
           for r, (_, context) in zip(reduced, compressed)]
 
 
-def _divide_first_if_16_bit(tensors, op, lib):
-  """A MEAN with float16/bfloat16 tensors as a division, then a SUM.
+def _mean_as_divided_sum(tensors, op, lib):
+  """A MEAN as a division by the world size, then a SUM.
 
-  The engine's MEAN sums in the tensor's dtype and then divides, so two
+  The engine's MEAN sums in the tensors' dtype and then divides, so two
   ranks' float16 40000s would overflow to inf although their mean fits.
-  Dividing first (as the compressed path does) keeps every partial sum at
-  the mean's magnitude.  One reduce op covers a whole group, so a group
-  with any 16-bit float tensor divides all of them first.
+  Dividing first keeps every partial sum at the mean's magnitude.  One
+  reduce op covers a whole group, so all of its tensors are divided.
 
   Args:
     tensors: a list of tensors.
@@ -583,13 +575,19 @@ def _divide_first_if_16_bit(tensors, op, lib):
     lib: the loaded op library.
 
   Returns:
-    `(tensors, op)` to submit.
+    `(tensors, op)` to submit: unchanged unless `op` is MEAN.
   """
-  if op != ReduceOp.MEAN or not any(
-      t.dtype in _DIVIDE_FIRST_DTYPES for t in tensors):
+  if op != ReduceOp.MEAN:
     return tensors, op
   world = lib.c.mpistrategy_size()
   return [t / tf.cast(world, t.dtype) for t in tensors], ReduceOp.SUM
+
+
+def _divide_first_if_16_bit(tensors, op, lib):
+  """`_mean_as_divided_sum` when any tensor is float16 or bfloat16."""
+  if not any(t.dtype in _DIVIDE_FIRST_DTYPES for t in tensors):
+    return tensors, op
+  return _mean_as_divided_sum(tensors, op, lib)
 
 
 def _grouped_allreduce_unpacked(tensors, name):
@@ -749,8 +747,8 @@ def alltoall(tensor, splits=None, name=None):
   _check_name(name, fn)
   lib = _ensure_initialized()
   world = lib.c.mpistrategy_size()
-  if explicit_splits and splits.shape.rank == 1 and splits.shape[0] is not None \
-      and splits.shape[0] != world:
+  if explicit_splits and splits.shape.rank == 1 and splits.shape[0] not in (
+      None, world):
     # An empty list would otherwise mean an even split (the op's encoding).
     raise ValueError(f"{fn}: `splits` must have one entry per rank ({world}), "
                      f"got {splits.shape[0]}; pass None for an even split")
