@@ -33,7 +33,7 @@ APT_PACKAGES := bazel-bootstrap libopenmpi-dev openmpi-bin
 TIMEOUT_SINGLE   ?= 1200
 TIMEOUT_NP2      ?= 1200
 TIMEOUT_NP3      ?= 1500
-TIMEOUT_LAUNCHER ?= 900
+TIMEOUT_LAUNCHER ?= 1800
 TIMEOUT_DEMO     ?= 900
 TIMEOUT_BENCH    ?= 900
 # Per-test limit (pytest-timeout).
