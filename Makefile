@@ -27,7 +27,7 @@ VENV    := $(ROOT)/.venv
 PY      := $(VENV)/bin/python
 BAZEL   ?= bazel
 MPIRUN  ?= mpirun
-APT_PACKAGES := bazel-bootstrap libopenmpi-dev openmpi-bin
+APT_PACKAGES := bazel-bootstrap libopenmpi-dev openmpi-bin libgtest-dev
 
 # Wall-clock limits (seconds) per stage; a hang fails the stage.
 TIMEOUT_SINGLE   ?= 1200
@@ -110,7 +110,8 @@ DEPS_CMD = missing=""; \
 	for c in $(BAZEL) mpicc $(MPIRUN) g++; do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
 	pkgs="$(APT_PACKAGES)"; \
 	if ! $(PYTHON3) -c 'import ensurepip, venv' 2>/dev/null; then missing="$$missing python3-venv"; pkgs="$$pkgs python3-venv"; fi; \
-	if [ -z "$$missing" ]; then echo "deps: bazel, mpicc, mpirun, g++, python3-venv present"; exit 0; fi; \
+	[ -f /usr/include/gtest/gtest.h ] || missing="$$missing libgtest-dev"; \
+	if [ -z "$$missing" ]; then echo "deps: bazel, mpicc, mpirun, g++, python3-venv, googletest present"; exit 0; fi; \
 	echo "deps: missing:$$missing -> apt-get install $$pkgs"; \
 	if [ "$$(id -u)" != 0 ] && [ -z "$(SUDO)" ]; then \
 	  echo "deps: not root and no sudo: install $$pkgs yourself" >&2; exit 1; fi; \
