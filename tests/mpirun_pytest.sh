@@ -45,14 +45,15 @@ fi
 # More ranks than cores is fine for tests (Open MPI then also yields when idle).
 export OMPI_MCA_rmaps_base_oversubscribe=1
 # The ranks import the installed mpistrategy (`make install`), not the
-# checkout: no PYTHONPATH, and `python -P` keeps the current directory off
-# sys.path (tests/conftest.py stops the run if the install is stale).
-unset PYTHONPATH
+# checkout: `python -P` keeps the current directory off sys.path, and
+# tests/conftest.py stops the run if the install is stale.  A PYTHONPATH the
+# caller set (e.g. a private install) is forwarded.
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 export PYTHONUNBUFFERED=1
 # No stdin for the ranks (CI has none; pytest must never wait on input).
 
 fwd=(-x TF_CPP_MIN_LOG_LEVEL -x PYTHONUNBUFFERED)
+[[ -n "${PYTHONPATH:-}" ]] && fwd+=(-x PYTHONPATH)
 while IFS='=' read -r name _; do
   [[ -n "$name" ]] && fwd+=(-x "$name")
 done < <(env | grep -E '^(MPISTRATEGY_|CUDA_VISIBLE_DEVICES=|NCCL_)' || true)

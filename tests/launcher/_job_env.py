@@ -19,7 +19,8 @@ def clean_env(extra=None, tf_log_level="1"):
   pytest itself runs under mpirun or in a Slurm allocation) and the caller's
   MPISTRATEGY_* settings (each test sets its own); keeps OMPI_MCA_* tuning.
   The jobs import the installed mpistrategy, as the tests do (see
-  tests/conftest.py); PYTHONPATH is dropped so the checkout never shadows it.
+  tests/conftest.py); a PYTHONPATH the caller set (a private install) is
+  kept, and `make test` sets none.
 
   Args:
     extra: Variables to set on top, or None.
@@ -32,7 +33,7 @@ def clean_env(extra=None, tf_log_level="1"):
   env = {k: v for k, v in os.environ.items()
          if k.startswith("OMPI_MCA_") or
          not k.startswith(("OMPI_", "PMIX_", "OPAL_", "MPISTRATEGY_",
-                           "PMI_", "SLURM_", "PYTHONPATH"))}
+                           "PMI_", "SLURM_"))}
   # Not unbuffered: Python would then write a traceback in fragments, and
   # --tag-output tags every fragment.  stderr is line-buffered anyway, and
   # the scripts write their events with one write(2) each (_rankio.emit).
