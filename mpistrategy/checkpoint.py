@@ -38,8 +38,8 @@
   `mpistrategy.ops.broadcast`; they must fit in memory.)  Every rank must
   make such a call: one made on some ranks only (the Horovod habit
   `if rank == 0: checkpoint.restore(...)`) fails on the ranks that made it
-  with `DeadlineExceededError` after MPISTRATEGY_CHECKPOINT_READ_TIMEOUT
-  seconds (default 120) saying so, instead of hanging.
+  with `DeadlineExceededError` after `Options.checkpoint_read_timeout_seconds`
+  (default 120) saying so, instead of hanging.
 * **Other reads are local** -- `keras.models.load_model`,
   `tf.saved_model.load`, `tf.train.latest_checkpoint` and `load_weights`
   of a model outside the strategy read this rank's file system, as in
@@ -77,8 +77,7 @@ _STATE = {"rank": 0, "size": 1, "scratch": None, "installed": set()}
 # redirects or makes the write atomic), and whether reads are local.
 _LOCAL = threading.local()
 _TMP_TAG = ".mpistrategy-tmp-"
-_READ_TIMEOUT_ENV = "MPISTRATEGY_CHECKPOINT_READ_TIMEOUT"
-_DEFAULT_READ_TIMEOUT = 120.0
+_DEFAULT_READ_TIMEOUT = 120.0  # Options.checkpoint_read_timeout_seconds
 
 
 def _active():
@@ -450,15 +449,10 @@ def _sync_prefix(prefix):
 
 
 def _read_timeout():
-  value = os.environ.get(_READ_TIMEOUT_ENV, "")
-  try:
-    timeout = float(value) if value else _DEFAULT_READ_TIMEOUT
-  except ValueError:
-    raise ValueError("%s=%r is not a number of seconds" %
-                     (_READ_TIMEOUT_ENV, value)) from None
-  if not timeout > 0:
-    raise ValueError("%s=%r must be > 0" % (_READ_TIMEOUT_ENV, value))
-  return timeout
+  from mpistrategy import ops  # pylint: disable=g-import-not-at-top
+  options = ops.current_options()
+  return (options.checkpoint_read_timeout_seconds if options is not None else
+          _DEFAULT_READ_TIMEOUT)
 
 
 def _join_read(what):
@@ -503,8 +497,9 @@ def _join_read(what):
         "file system is needed). Code that restores on rank 0 only (the "
         "Horovod habit `if rank == 0: ...restore(...)`) must make the call "
         "on every rank; saving on rank 0 only needs no change. To wait "
-        "longer, set %s (seconds)." %
-        (_STATE["rank"], timeout, what, _READ_TIMEOUT_ENV))
+        "longer, set Options.checkpoint_read_timeout_seconds "
+        "(MPISTRATEGY_CHECKPOINT_READ_TIMEOUT_SECONDS)." %
+        (_STATE["rank"], timeout, what))
 
 
 # ----------------------------------------------------------- tf.train.*
