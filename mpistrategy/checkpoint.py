@@ -62,7 +62,9 @@ import ctypes
 import errno
 import glob
 import os
+import re
 import shutil
+import sys
 import tempfile
 import threading
 import uuid
@@ -293,32 +295,102 @@ def _outermost_write():
     _LOCAL.write_depth = depth
 
 
-def _write_atomically(path, write):
+@contextlib.contextmanager
+def _late_errors():
+  """Collects errors reported from destructors during a write.
+
+  h5py reports a failed write at file close (e.g. ENOSPC while flushing)
+  from an object's destructor, through `sys.excepthook` or
+  `sys.unraisablehook`, and the Keras call then returns as if it had
+  succeeded, leaving a truncated file.  The hooks still run (with
+  `abort_on_exception` the job ends there, naming this rank and the
+  error); if they return, the write counts as failed.
+
+  Yields:
+    A list that receives those exceptions.
+  """
+  late = []
+  hooks = sys.excepthook, sys.unraisablehook
+
+  def excepthook(exc_type, exc, tb):
+    late.append(exc)
+    hooks[0](exc_type, exc, tb)
+
+  def unraisablehook(unraisable):
+    late.append(unraisable.exc_value)
+    hooks[1](unraisable)
+
+  sys.excepthook, sys.unraisablehook = excepthook, unraisablehook
+  try:
+    yield late
+  finally:
+    sys.excepthook, sys.unraisablehook = hooks
+
+
+def _as_os_error(error):
+  """`error` as an OSError with its errno, where its text names one."""
+  match = re.search(r"errno = (\d+)", str(error))
+  if match is None:
+    return error
+  code = int(match.group(1))
+  return OSError(code, "%s (%s: %s)" % (os.strerror(code),
+                                        type(error).__name__, error))
+
+
+def _copy_tree(source, destination):
+  if os.path.isdir(source) and not os.path.islink(source):
+    shutil.copytree(source, destination, symlinks=True)
+  else:
+    shutil.copyfile(source, destination, follow_symlinks=False)
+
+
+def _write_atomically(path, write, stage=False):
   """Rank 0: `write(tmp)` next to `path`, then moves it into place.
 
   Args:
     path: the user's local path (file or directory).
     write: callable taking the path to write; its result is returned.
+    stage: write into this process' scratch directory first and copy the
+      result next to `path`.  For h5py, which cannot fail cleanly when the
+      destination fills up (it reports the error from a destructor and may
+      then crash); the copy fails with an ordinary `OSError`.
 
   Returns:
     `write`'s result, with the temporary name replaced by `path`.
   """
   path = os.fspath(path)
   tmp = _temp_sibling(path)
+  staged = None
+  if stage:
+    staged = os.path.join(_scratch_root(), "stage-" + uuid.uuid4().hex[:12])
+    os.makedirs(staged)
+  target = tmp if staged is None else os.path.join(staged,
+                                                   os.path.basename(path))
   try:
-    result = write(tmp)
-    if os.path.lexists(tmp):
+    with _late_errors() as late:
+      result = write(target)
+    if late:
+      error = _as_os_error(late[0])
+      if error is late[0]:
+        raise error
+      raise error from late[0]
+    if os.path.lexists(target):
+      if staged is not None:
+        _copy_tree(target, tmp)
       _sync_tree(tmp)
       _move_into_place(tmp, path)
   except BaseException:
     _remove_quietly(tmp)
     raise
-  if isinstance(result, str) and result.startswith(tmp):
-    result = path + result[len(tmp):]
+  finally:
+    if staged is not None:
+      _remove_quietly(staged)
+  if isinstance(result, str) and result.startswith(target):
+    result = path + result[len(target):]
   return result
 
 
-def _write_for_user(path, write, atomic=True):
+def _write_for_user(path, write, atomic=True, stage=False):
   """Runs the user's write of `path` the way this rank must do it.
 
   Rank 0 writes `path` itself, atomically where it can; ranks > 0 write
@@ -330,6 +402,7 @@ def _write_for_user(path, write, atomic=True):
     write: callable taking the path to actually write.
     atomic: False where the write must go to `path` itself (e.g. Keras'
       overwrite prompt, sharded weights).
+    stage: see `_write_atomically`.
 
   Returns:
     `write`'s result.
@@ -344,7 +417,7 @@ def _write_for_user(path, write, atomic=True):
     parent = os.path.dirname(os.path.abspath(os.fspath(path)))
     if not atomic or not _is_local(path) or not os.path.isdir(parent):
       return write(path)  # nothing to protect, or not a local file system
-    return _write_atomically(path, write)
+    return _write_atomically(path, write, stage=stage)
 
 
 def _write_tf_checkpoint_atomically(orig_write, ckpt, prefix, options):
@@ -809,14 +882,15 @@ def _patch_keras_model_saving():
   def save(self, filepath, *args, **kwargs):
     return _write_for_user(
         filepath, lambda p: orig_save(self, p, *args, **kwargs),
-        atomic=_may_replace(filepath, args, kwargs))
+        atomic=_may_replace(filepath, args, kwargs), stage=True)
 
   def save_weights(self, filepath, *args, **kwargs):
     sharded = kwargs.get("max_shard_size", args[1] if len(args) > 1 else None)
     return _write_for_user(
         filepath, lambda p: orig_save_weights(self, p, *args, **kwargs),
         # Sharded weights are several files named after the path.
-        atomic=_may_replace(filepath, args, kwargs) and sharded is None)
+        atomic=_may_replace(filepath, args, kwargs) and sharded is None,
+        stage=True)
 
   save.__doc__, save_weights.__doc__ = orig_save.__doc__, orig_save_weights.__doc__
   cls.save, cls.save_weights = save, save_weights
@@ -857,7 +931,7 @@ def _patch_keras_model_saving():
   def save_model(model, filepath, *args, **kwargs):
     return _write_for_user(
         filepath, lambda p: orig_save_model(model, p, *args, **kwargs),
-        atomic=_may_replace(filepath, args, kwargs))
+        atomic=_may_replace(filepath, args, kwargs), stage=True)
 
   save_model.__doc__ = orig_save_model.__doc__
   for module in (saving_api, keras.saving, keras.models):
