@@ -11,8 +11,9 @@
   save code (saving may read `SyncOnRead` variables, which is a collective,
   so a rank that skipped saving would leave the others hanging), but only
   rank 0 writes the path the user gave.  Ranks > 0 write to a private
-  scratch mirror of that path, `<scratch>/rank<r>/<abs path>`, where
-  `<scratch>` is a per-process temporary directory removed at exit, and
+  scratch mirror of that path, `<scratch>/<abs path>`, where `<scratch>`
+  is a per-process temporary directory (`$TMPDIR/mpistrategy-rank<r>-*`)
+  removed at exit, and
   make the directory a `CheckpointManager` was given (so code that deletes
   a non-chief worker's own directory, as the TF tutorials do, works).
   Return values (the path returned by `Checkpoint.save`, `CheckpointManager`
@@ -20,7 +21,9 @@
 * **Atomic writes on rank 0** -- every write above goes to a temporary name
   in the same directory (`.mpistrategy-tmp-<hex>-<name>`), is fsynced, and
   then replaces the user's file with a rename; a directory (SavedModel) is
-  swapped in with `renameat2(RENAME_EXCHANGE)`.  At every instant the
+  swapped in with `renameat2(RENAME_EXCHANGE)`.  Keras files (`.keras`,
+  `.weights.h5`) are first written into this process' scratch directory
+  and copied: h5py cannot fail cleanly on a full disk.  At every instant the
   previous file or directory, or the new complete one, is under the user's
   name; a failed write (e.g. ENOSPC) removes its temporary files and leaves
   the previous copy as it was.  (`Checkpoint.write` to a fixed prefix
