@@ -100,6 +100,13 @@ class Options:
       engines (their pending collectives fail with
       `tf.errors.AbortedError` naming this rank) and then calls `MPI_Abort`,
       so no rank hangs waiting for a rank that died.
+    checkpoint_read_timeout_seconds: How long a rank waits in a read into
+      the strategy's variables (`tf.train.Checkpoint.read/restore`,
+      `Model.load_weights`, `BackupAndRestore`'s resume,
+      `CheckpointManager.restore_or_initialize`), which every rank must
+      make, for the other ranks to make it too; then it fails with
+      `tf.errors.DeadlineExceededError` saying so (e.g. code that restores
+      on rank 0 only).  A number > 0.  Default 120.
 
   Raises:
     TypeError: A field has the wrong type.
@@ -117,6 +124,7 @@ class Options:
   timeline: str = ""
   hierarchical_allreduce: bool = False
   abort_on_exception: bool = True
+  checkpoint_read_timeout_seconds: float = 120.0
 
   def __post_init__(self):
     _check_int(self, "fusion_threshold_bytes", minimum=0,
@@ -135,6 +143,8 @@ class Options:
                  hint="a number >= 0 (0 disables the warning)")
     _check_float(self, "stall_timeout_seconds", positive=False,
                  hint="a number >= 0 (0 waits forever)")
+    _check_float(self, "checkpoint_read_timeout_seconds", positive=True,
+                 hint="a number > 0")
     for name in ("timeline", "autotune_log"):
       _check_path(self, name)
     for name in ("autotune", "hierarchical_allreduce", "abort_on_exception"):
