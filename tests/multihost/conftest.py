@@ -76,6 +76,13 @@ class LiveJob:
                                   (self.proc.stderr, "err"))]
     for t in self._readers:
       t.start()
+    # Records when the job ended, whoever waits for it and when.
+    self._waiter = threading.Thread(target=self._wait_end, daemon=True)
+    self._waiter.start()
+
+  def _wait_end(self):
+    self.proc.wait()
+    self.end = time.time()
 
   def _read(self, stream, name):
     for line in stream:
@@ -142,36 +149,36 @@ class LiveJob:
         self._cv.wait(min(left, 0.5))
 
   # ----------------------------------------------------------- the end
-  def wait(self, timeout=None):
-    """Waits for the job to end, at most `timeout` s (default: the hard
-    limit from the start); then kills it and every process on the hosts.
+  def wait(self, timeout=None, kill=True):
+    """Waits for the job to end, at most `timeout` s (default: until the
+    hard limit); then kills it and every process on the hosts (unless
+    `kill` is False).
 
     Returns:
-      The exit status.
+      The exit status (None if it still runs).
     """
     if timeout is None:
       timeout = max(0.0, self.start + self.hard_timeout - time.time())
-    try:
-      self.proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    self._waiter.join(timeout)
+    if self._waiter.is_alive():
+      if not kill:
+        return None
       self.timed_out = True
       self.kill()
-    if self.end is None:
-      self.end = time.time()
+      self._waiter.join()
     for t in self._readers:
       t.join(timeout=10)
     self.returncode = self.proc.returncode
     return self.returncode
 
   def kill(self):
+    """SIGKILLs the job's process group and every process on the hosts."""
     try:
       os.killpg(self.proc.pid, signal.SIGKILL)
     except ProcessLookupError:
       pass
     self.cluster.kill_all()
     self.proc.wait()
-    if self.end is None:
-      self.end = time.time()
 
   @property
   def elapsed(self):
