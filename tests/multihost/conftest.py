@@ -51,6 +51,7 @@ _EVENT = re.compile(r"^@@ (\d+) ([0-9.]+) (\S+) ?(.*)$")
 # Measurements for the summary ("Failure behaviour" table of the README).
 TIMINGS = []
 _SKIP_REASON = []
+_PROBED = []
 
 
 class LiveJob:
@@ -242,13 +243,16 @@ def _forwarded(env):
 @pytest.fixture(scope="session")
 def cluster():
   """The simulated hosts hosta and hostb, for the whole session."""
-  reason = hosts_lib.probe()
+  if not _PROBED:
+    _PROBED.append(hosts_lib.probe())
+  reason = _PROBED[0]
   if reason is not None:
     if os.environ.get("MULTIHOST_REQUIRED") == "1":
       pytest.fail(f"multi-host tests cannot run here: {reason} "
                   "(MULTIHOST_REQUIRED=1, e.g. CI: they must run)",
                   pytrace=False)
-    _SKIP_REASON.append(reason)
+    if not _SKIP_REASON:
+      _SKIP_REASON.append(reason)
     pytest.skip(f"MULTI-HOST TESTS SKIPPED: {reason}")
   hosts = hosts_lib.SimulatedHosts(HOSTS)
   import atexit  # pylint: disable=g-import-not-at-top
