@@ -15,7 +15,7 @@ import pytest
 from conftest import describe_hosts
 
 SIZE = 4
-TIMEOUT = 150   # the whole job, TF start-up on 4 ranks included
+TIMEOUT = 300   # the whole job, TF start-up on 4 ranks included (loaded 2 cores)
 _JOB = {}
 
 

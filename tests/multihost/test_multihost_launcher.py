@@ -15,7 +15,7 @@ import pytest
 from conftest import describe_hosts
 
 SIZE = 4
-TIMEOUT = 150
+TIMEOUT = 240
 
 
 def _check(job):
