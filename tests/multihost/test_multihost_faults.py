@@ -62,6 +62,19 @@ def _names_rank(rank, host, pid):
   return re.compile(rf"\brank {rank} \(host {re.escape(host)}, pid {pid}\)")
 
 
+def _assert_names(job, rank, silent):
+  """`rank`'s output has the peer-timeout error naming every silent rank."""
+  lines = [l for l in job.rank_text(rank).splitlines()
+           if "peer_timeout_seconds" in l]
+  assert lines, (f"rank {rank} printed nothing with `peer_timeout_seconds` "
+                 "(no timeout error, or killed before it could print)\n"
+                 + job.describe())
+  for r, host, pid in silent:
+    assert any(_names_rank(r, host, pid).search(l) for l in lines), (
+        f"rank {rank}'s timeout error does not name `rank {r} (host {host}, "
+        f"pid {pid})`\n" + job.describe())
+
+
 def _gone(cluster, job, fault_time, limit, scenario):
   """Waits for the job and the hosts to be done, at most `limit` + GRACE
   after the fault, then kills what is left; records the times.
@@ -124,17 +137,14 @@ def test_link_down_mid_training(mpirun_job, cluster):
   end, gone_at, left = _gone(cluster, job, fault, limit, "link down (hostb)")
   assert not job.timed_out, (
       f"mpirun still ran {end:.0f} s after hostb's link went down (deadline "
-      f"{PEER_TIMEOUT:g} s + {STOP_MARGIN:g} s; killed)\n" + job.describe())
+      f"{PEER_TIMEOUT:g} s + {STOP_MARGIN:g} s; killed); still running "
+      f"then:\n{left}\n" + job.describe())
   assert job.returncode != 0, job.describe()
   assert end <= limit, job.describe()
   # The reachable ranks (hosta) name both silent ranks; hostb's output
   # cannot reach mpirun any more.
   for rank in (0, 1):
-    text = job.rank_text(rank)
-    assert "peer_timeout_seconds" in text, f"rank {rank}\n" + job.describe()
-    for silent in (2, 3):
-      assert _names_rank(silent, "hostb", pids[silent][0]).search(text), (
-          f"rank {rank} does not name rank {silent}\n" + job.describe())
+    _assert_names(job, rank, [(s, "hostb", pids[s][0]) for s in (2, 3)])
   assert left is None and gone_at - fault <= limit, (
       f"processes left {limit:g} s after the link went down (still down):"
       f"\n{left}\n" + job.describe())
@@ -180,14 +190,12 @@ def test_sigstop_longer_than_the_deadline(mpirun_job, cluster):
                              "SIGSTOP for good (> deadline)")
   assert not job.timed_out, (
       f"mpirun still ran {end:.0f} s after rank {VICTIM} froze (deadline "
-      f"{PEER_TIMEOUT:g} s + {STOP_MARGIN:g} s; killed)\n" + job.describe())
+      f"{PEER_TIMEOUT:g} s + {STOP_MARGIN:g} s; killed); still running "
+      f"then:\n{left}\n" + job.describe())
   assert job.returncode != 0, job.describe()
   assert end <= limit, job.describe()
-  named = _names_rank(VICTIM, "hostb", pid)
   for rank in (0, 1, 3):
-    text = job.rank_text(rank)
-    assert "peer_timeout_seconds" in text and named.search(text), (
-        f"rank {rank} does not name the frozen rank\n" + job.describe())
+    _assert_names(job, rank, [(VICTIM, "hostb", pid)])
   assert left is None and gone_at - fault <= limit, (
       f"processes left {limit:g} s after the freeze:\n{left}\n"
       + job.describe())
