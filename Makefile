@@ -168,7 +168,7 @@ LAUNCHER_CMD = timeout $(KILL_AFTER) $(TIMEOUT_LAUNCHER) "$(PY)" -m pytest $(PYT
 # the tests are skipped and the summary says why (-rs); under CI they must
 # run (MULTIHOST_REQUIRED=1 turns the skip into a failure).
 MULTIHOST_CMD = MULTIHOST_REQUIRED=$${MULTIHOST_REQUIRED:-$$([ -n "$${CI:-}" ] && echo 1 || echo 0)} \
-	timeout $(KILL_AFTER) $(TIMEOUT_MULTIHOST) "$(PY)" -m pytest $(PYTEST_FLAGS) -rs tests/multihost
+	timeout $(KILL_AFTER) $(TIMEOUT_MULTIHOST) "$(PY)" -m pytest $(PYTEST_FLAGS) -rs --durations=0 tests/multihost
 
 test: BAZEL_KEEP_SERVER = 1
 test: deps venv build build-cuda
