@@ -338,7 +338,8 @@ def launcher_job(cluster):  # pylint: disable=redefined-outer-name
     env = _job_env(cluster, None)
     marker = f"mpistrategy-multihost-{uuid.uuid4().hex[:12]}"
     mpi_args = " ".join(cluster.mca_flags() + ["--tag-output"])
-    argv = ["timeout", "-k", "5", str(timeout), PYTHON, "-m",
+    # -P: the installed mpistrategy, not the checkout (the working directory).
+    argv = ["timeout", "-k", "5", str(timeout), PYTHON, "-P", "-m",
             "mpistrategy.run", *launcher_args, f"--mpi-args={mpi_args}",
             SCRIPT, f"--marker={marker}", *script_args]
     job = LiveJob(cluster, argv, env, hard_timeout=timeout + 10)
