@@ -25,6 +25,9 @@ constexpr int kNoticeTag = 7;
 // is itself process-wide state, so this one flag mirrors it; nothing else in
 // the library is global.
 std::atomic<bool> g_we_initialized_mpi{false};
+// ... in this process: a fork child inherits the flag but must not
+// finalize its parent's MPI.
+std::atomic<int64_t> g_initialized_in_pid{0};
 
 Status MpiError(int rc, const char* what) {
   char text[MPI_MAX_ERROR_STRING];
@@ -141,6 +144,7 @@ Status EnsureMpiInitialized(bool* we_initialized, int* provided_level) {
         "MPI_Init_thread");
     *we_initialized = true;
     g_we_initialized_mpi = true;
+    g_initialized_in_pid = static_cast<int64_t>(getpid());
   } else {
     MPISTRATEGY_MPI_CHECK(MPI_Query_thread(&provided), "MPI_Query_thread");
   }
@@ -149,6 +153,7 @@ Status EnsureMpiInitialized(bool* we_initialized, int* provided_level) {
 }
 
 void FinalizeMpiIfWeInitialized() {
+  if (g_initialized_in_pid.load() != static_cast<int64_t>(getpid())) return;
   if (!g_we_initialized_mpi.exchange(false)) return;
   int finalized = 0;
   MPI_Finalized(&finalized);

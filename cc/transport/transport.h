@@ -4,9 +4,10 @@
 //   * control plane (negotiation): BitwiseAnd, GatherBytes, BroadcastBytes;
 //   * data plane (payload): Allreduce, Allgatherv, Broadcast, Reducescatter,
 //     Alltoallv, Barrier.
-// Every method is a collective: all ranks call it in the same order.  The
-// engine calls a transport from its background thread only, so
-// implementations need no locking.  Implementations: MpiTransport
+// Every collective method is called by all ranks in the same order.  The
+// engine calls them from its background thread only, so implementations
+// need no locking for them; the notices (PostNotice/TakeNotice) are the
+// exception: the engine's peer monitor calls them from its own thread.  Implementations: MpiTransport
 // (mpi_transport.h) and, in tests, FakeTransport (fake_transport.h).
 
 #ifndef MPISTRATEGY_CC_TRANSPORT_TRANSPORT_H_
