@@ -59,7 +59,10 @@ void PeerMonitor::OnNotice(int from, const std::string& bytes, double now) {
     const char* q = end + 1;
     const long ms = std::strtol(q, &end, 10);
     if (end == q) break;
-    if (r >= 0 && r < size_) relayed_quiet_.emplace_back(r, ms / 1000.0);
+    // Not about ourselves (we were frozen, and are back).
+    if (r >= 0 && r < size_ && r != rank_) {
+      relayed_quiet_.emplace_back(r, ms / 1000.0);
+    }
     p = end;
   }
 }

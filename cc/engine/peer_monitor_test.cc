@@ -159,6 +159,8 @@ TEST(PeerMonitor, WorkerRelaysTheCoordinatorsViewAndAbortNotice) {
                        "rank 0 (host h0, pid 10) has had no message from "
                        "rank 2 (host h2, pid 12) for 3.5 s"))
       << run.warnings[0];
+  // A worker that was frozen itself does not warn about itself.
+  EXPECT_TRUE(Drive(&m, 1.0, 1.05, {0}, "H 1:9000").warnings.empty());
   m.OnNotice(0, "Ano message from rank 2 (host h2, pid 12) for 10.0 s "
                 "(peer_timeout_seconds = 10)", 1.0);
   PeerMonitor::Actions a = m.Tick(1.05);

@@ -7,6 +7,8 @@ freeze.py on 3 ranks; rank 0 stops rank 1 with SIGSTOP at step 5.
   after the deadline, and the job ends by itself (the Python code catches
   the error and lingers): mpirun exits non-zero and no process is left
   within deadline + 10 s of the freeze.
+* The coordinator (rank 0) frozen: ranks 1 and 2 stop by themselves,
+  naming rank 0 as the silent coordinator, within the same bounds.
 * Shorter than the deadline (SIGCONT after 3 s of a 10 s deadline): every
   step completes with the right result and the job exits 0.
 """
@@ -78,6 +80,30 @@ def test_every_reachable_rank_names_the_frozen_rank(frozen_job):
     assert re.search(r"no message from " + re.escape(named) + r"|"
                      r"has had no message from " + re.escape(named), text), \
         text
+
+
+@pytest.mark.timeout(180)
+def test_frozen_coordinator_makes_the_others_stop_by_themselves(launch):
+  job = launch("freeze.py", np=3, timeout=150,
+               env={"MPISTRATEGY_PEER_TIMEOUT_SECONDS": str(DEADLINE_S)},
+               args=["--frozen-rank", "0", "--linger", "120"])
+  try:
+    assert not job.timed_out, "the job hung\n" + job.describe()
+    assert job.returncode != 0, job.describe()
+    freeze = job.event("FREEZE", 1)
+    gone = job.end - freeze.time
+    print(f"coordinator SIGSTOP: job over {gone:.1f} s after the freeze")
+    assert DEADLINE_S - 1 <= gone <= DEADLINE_S + 10, (gone, job.describe())
+    init = job.event("INIT", 0)
+    m = re.match(r"pid=(\d+) host=(\S+)", init.text)
+    named = f"rank 0 (host {m.group(2)}, pid {m.group(1)}), the coordinator"
+    for rank in (1, 2):
+      caught = job.event("CAUGHT", rank)
+      assert caught.text.startswith("UnavailableError"), job.describe()
+      assert named in caught.text, (named, job.describe())
+      assert "peer_timeout_seconds" in caught.text, job.describe()
+  finally:
+    job.assert_no_leftovers()
 
 
 @pytest.mark.timeout(180)

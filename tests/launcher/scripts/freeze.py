@@ -1,7 +1,8 @@
 """One rank is frozen with SIGSTOP while the others run collectives.
 
-Rank 0 sends SIGSTOP to `--frozen-rank` (all ranks share the host) and,
-with `--freeze-seconds`, SIGCONT after that long.  Every rank runs
+Rank 0 (rank 1 when rank 0 is the one frozen) sends SIGSTOP to
+`--frozen-rank` (all ranks share the host) and, with `--freeze-seconds`,
+SIGCONT after that long.  Every rank runs
 `--steps` eager allreduces of `[rank + 1] * step`, checking each result;
 a rank whose collective fails reports the error and then stays alive doing
 nothing (`--linger` seconds), as a program that catches the error would:
@@ -38,9 +39,10 @@ pids = ops.allgather(tf.constant([os.getpid()], tf.int64),
                      name="pids").numpy().tolist()
 io.emit("PIDS", " ".join(map(str, pids)))
 
+stopper = 1 if args.frozen_rank == 0 else 0
 try:
   for step in range(1, args.steps + 1):
-    if rank == 0 and step == 5:
+    if rank == stopper and step == 5:
       os.kill(pids[args.frozen_rank], signal.SIGSTOP)
       io.emit("FREEZE", str(pids[args.frozen_rank]))
       if args.freeze_seconds > 0:
