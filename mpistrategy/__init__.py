@@ -13,7 +13,11 @@ ops (`mpistrategy.ops`) can also be used without the strategy.
 
 import importlib
 
+from mpistrategy import version as _version
 from mpistrategy.options import Options
+from mpistrategy.version import __version__
+
+_version.check_versions()
 
 # Everything else is imported on first use (PEP 562), so that tools which do
 # not run collectives (`python -m mpistrategy.run`, option parsing) start
@@ -33,7 +37,7 @@ _LAZY = {
     "local_size": ("mpistrategy.ops.mpi_ops", "local_size"),
 }
 
-__all__ = ["Options"] + sorted(_LAZY)
+__all__ = ["Options", "__version__"] + sorted(_LAZY)
 
 
 def __getattr__(name):

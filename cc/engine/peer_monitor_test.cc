@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "cc/testing/test.h"
+#include <gtest/gtest.h>
 
 namespace mpistrategy {
 namespace {
