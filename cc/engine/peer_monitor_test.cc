@@ -27,16 +27,16 @@ std::vector<PeerInfo> Peers(int n) {
 // Ticks `m` every 0.1 s from `from` to `to` (exclusive), delivering a
 // heartbeat from each rank in `alive` before every tick; collects the
 // warnings and returns the first tick's actions that timed out (if any).
-struct Run {
+struct DriveResult {
   std::vector<std::string> warnings;
   bool timed_out = false;
   double timed_out_at = 0.0;
   PeerMonitor::Actions fired;
 };
 
-Run Drive(PeerMonitor* m, double from, double to,
+DriveResult Drive(PeerMonitor* m, double from, double to,
           const std::vector<int>& alive, const std::string& notice = "H") {
-  Run run;
+  DriveResult run;
   // t from an integer count, so that 10 s of ticks lands on 10.0 exactly.
   for (int k = 0;; ++k) {
     const double t = from + k * 0.1;
@@ -87,7 +87,7 @@ TEST(PeerMonitor, SendsHeartbeatsInAStar) {
 
 TEST(PeerMonitor, MissingRankWarnedThenTimedOutAndNamed) {
   PeerMonitor m(0, 3, Peers(3), 10.0, 4.0, 0.0);
-  Run run = Drive(&m, 0.0, 12.0, {1});  // rank 2 never heard from
+  DriveResult run = Drive(&m, 0.0, 12.0, {1});  // rank 2 never heard from
   ASSERT_TRUE(run.timed_out);
   EXPECT_NEAR(run.timed_out_at, 10.0, 0.11);
   // The warning (once) after 4 s names rank 2 with host and pid.
@@ -114,7 +114,7 @@ TEST(PeerMonitor, MissingRankWarnedThenTimedOutAndNamed) {
 
 TEST(PeerMonitor, SeveralSilentRanksAreAllNamed) {
   PeerMonitor m(0, 4, Peers(4), 3.0, 0.0, 0.0);
-  Run run = Drive(&m, 0.0, 4.0, {2});
+  DriveResult run = Drive(&m, 0.0, 4.0, {2});
   ASSERT_TRUE(run.timed_out);
   EXPECT_TRUE(Contains(run.fired.message,
                        "rank 1 (host h1, pid 11), rank 3 (host h3, pid 13)"))
@@ -125,10 +125,10 @@ TEST(PeerMonitor, SeveralSilentRanksAreAllNamed) {
 
 TEST(PeerMonitor, LateRankWithinTheDeadlineResumes) {
   PeerMonitor m(0, 3, Peers(3), 10.0, 4.0, 0.0);
-  Run silent = Drive(&m, 0.0, 9.0, {1});  // rank 2 quiet for 9 s ...
+  DriveResult silent = Drive(&m, 0.0, 9.0, {1});  // rank 2 quiet for 9 s ...
   EXPECT_FALSE(silent.timed_out);
   EXPECT_TRUE(AnyContains(silent.warnings, "rank 2 (host h2, pid 12)"));
-  Run back = Drive(&m, 9.0, 30.0, {1, 2});  // ... then back
+  DriveResult back = Drive(&m, 9.0, 30.0, {1, 2});  // ... then back
   EXPECT_FALSE(back.timed_out);
   EXPECT_TRUE(AnyContains(back.warnings, "rank 2 (host h2, pid 12) is heard "
                                          "from again"));
@@ -137,7 +137,7 @@ TEST(PeerMonitor, LateRankWithinTheDeadlineResumes) {
 
 TEST(PeerMonitor, CoordinatorSilenceStopsAWorkerByItself) {
   PeerMonitor m(1, 3, Peers(3), 5.0, 2.0, 0.0);
-  Run run = Drive(&m, 0.0, 6.0, {2});  // only rank 2 talks; ignored
+  DriveResult run = Drive(&m, 0.0, 6.0, {2});  // only rank 2 talks; ignored
   ASSERT_TRUE(run.timed_out);
   EXPECT_NEAR(run.timed_out_at, 5.0, 0.11);
   EXPECT_TRUE(Contains(run.fired.message,
@@ -152,7 +152,7 @@ TEST(PeerMonitor, CoordinatorSilenceStopsAWorkerByItself) {
 TEST(PeerMonitor, WorkerRelaysTheCoordinatorsViewAndAbortNotice) {
   PeerMonitor m(1, 3, Peers(3), 10.0, 3.0, 0.0);
   // Rank 0 reports rank 2 quiet for 3.5 s.
-  Run run = Drive(&m, 0.0, 1.0, {0}, "H 2:3500");
+  DriveResult run = Drive(&m, 0.0, 1.0, {0}, "H 2:3500");
   EXPECT_FALSE(run.timed_out);
   ASSERT_EQ(run.warnings.size(), 1u);  // once, not per heartbeat
   EXPECT_TRUE(Contains(run.warnings[0],
@@ -180,14 +180,14 @@ TEST(PeerMonitor, OwnPauseIsNobodysSilence) {
   EXPECT_FALSE(a.timed_out);
   EXPECT_TRUE(a.warnings.empty());
   // ... but the clock runs again from there.
-  Run run = Drive(&m, 21.1, 33.0, {});
+  DriveResult run = Drive(&m, 21.1, 33.0, {});
   ASSERT_TRUE(run.timed_out);
   EXPECT_NEAR(run.timed_out_at, 31.0, 0.25);
 }
 
 TEST(PeerMonitor, WarningAtOrAfterTheTimeoutIsNotLogged) {
   PeerMonitor m(0, 2, Peers(2), 2.0, 5.0, 0.0);
-  Run run = Drive(&m, 0.0, 3.0, {});
+  DriveResult run = Drive(&m, 0.0, 3.0, {});
   EXPECT_TRUE(run.timed_out);
   EXPECT_TRUE(run.warnings.empty());
 }
