@@ -11,12 +11,17 @@
 
 #include <mpi.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "cc/engine/common.h"
 #include "cc/engine/config.h"
@@ -36,8 +41,36 @@ namespace {
 // then finalize.  Normally mpistrategy.shutdown (Python atexit) has already
 // stopped the engine.
 void FinalizeMpiAtExit() {
+  // A fork child exiting normally must not finalize the parent's MPI.
+  if (EngineHolder::Instance().IsForkedChild()) return;
   EngineHolder::Instance().Shutdown();
   FinalizeMpiIfWeInitialized();
+}
+
+// Exit status of a process ended by a peer timeout (StatusCode kUnavailable).
+constexpr int kPeerTimeoutExitCode = 14;
+// How long MPI_Abort may take before the process ends itself with _exit
+// (MPI_Abort can hang when mpirun is unreachable, e.g. on the far side of
+// a network partition).
+constexpr double kAbortFallbackSeconds = 3.0;
+
+// The engine's PeerTimeoutHandler: the engine has failed this rank's
+// collectives and printed why; end the whole job even if Python caught the
+// error.  MPI_Abort makes mpirun kill every rank it can reach.
+void EndJobAfterPeerTimeout(const std::string& message) {
+  (void)message;  // already printed by the engine
+  std::thread([] {
+    std::this_thread::sleep_for(
+        std::chrono::duration<double>(kAbortFallbackSeconds));
+    std::fprintf(stderr,
+                 "[mpistrategy] MPI_Abort did not end pid %ld within %.0f s "
+                 "after the peer timeout; exiting\n",
+                 static_cast<long>(getpid()), kAbortFallbackSeconds);
+    std::fflush(stderr);
+    std::_Exit(kPeerTimeoutExitCode);
+  }).detach();
+  MPI_Abort(MPI_COMM_WORLD, kPeerTimeoutExitCode);
+  std::_Exit(kPeerTimeoutExitCode);
 }
 
 // Initializes MPI if needed (MpiTransport's EnsureMpiInitialized cooperates
@@ -79,7 +112,8 @@ int mpistrategy_init(int64_t fusion_threshold_bytes, double cycle_time_ms,
                      double fusion_wait_ms, int autotune,
                      const char* autotune_log,
                      int32_t cache_capacity, double stall_warning_seconds,
-                     double stall_timeout_seconds, const char* timeline_path,
+                     double stall_timeout_seconds,
+                     double peer_timeout_seconds, const char* timeline_path,
                      int hierarchical_allreduce, char* error_buf,
                      int error_len) {
   mpistrategy::EngineConfig config;
@@ -91,10 +125,12 @@ int mpistrategy_init(int64_t fusion_threshold_bytes, double cycle_time_ms,
   config.cache_capacity = cache_capacity;
   config.stall_warning_seconds = stall_warning_seconds;
   config.stall_timeout_seconds = stall_timeout_seconds;
+  config.peer_timeout_seconds = peer_timeout_seconds;
   config.timeline_path = timeline_path == nullptr ? "" : timeline_path;
   config.hierarchical_allreduce = hierarchical_allreduce != 0;
   const mpistrategy::Status status = mpistrategy::EngineHolder::Instance().Init(
-      config, mpistrategy::CreateWorldTransport);
+      config, mpistrategy::CreateWorldTransport,
+      mpistrategy::EndJobAfterPeerTimeout);
   mpistrategy::CopyMessage(status.message(), error_buf, error_len);
   return static_cast<int>(status.code());
 }
@@ -115,12 +151,30 @@ void mpistrategy_abort(const char* reason, double timeout_seconds) {
 // MPI_Abort(MPI_COMM_WORLD, code): ends every rank of the job.  Without a
 // usable MPI it ends only this process.
 void mpistrategy_mpi_abort(int code) {
+  // A fork child is no MPI process: end only itself.
+  if (mpistrategy::EngineHolder::Instance().IsForkedChild()) std::_Exit(code);
   int initialized = 0;
   int finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
+}
+
+// Copies "rank N (host H, pid P)" for `rank` (as in the engine's messages)
+// to buffer and returns 0, or returns -1 when not initialized.
+int mpistrategy_describe_rank(int rank, char* buffer, int length) {
+  std::shared_ptr<mpistrategy::Engine> engine =
+      mpistrategy::EngineHolder::Instance().Get();
+  if (engine == nullptr) return -1;
+  mpistrategy::CopyMessage(engine->DescribeRank(rank), buffer, length);
+  return 0;
+}
+
+// 1 in a process forked from the one that initialized mpistrategy (where
+// collectives fail at once), else 0.
+int mpistrategy_is_forked_child() {
+  return mpistrategy::EngineHolder::Instance().IsForkedChild() ? 1 : 0;
 }
 
 int mpistrategy_is_initialized() {

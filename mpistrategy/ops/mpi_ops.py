@@ -21,8 +21,11 @@ an op attribute and TensorFlow builds and caches one kernel per distinct set
 of attributes, so a name that changed per call would build a new kernel
 every call (about 0.5 ms, and a cache that only grows) and miss the engine's
 response cache.  For the same reason an explicit `name` should not contain
-a step counter.  Threads that issue eager collectives concurrently must give
-them explicit names that agree across ranks.
+a step counter.  Only the main thread may rely on default eager names: in
+any other thread an eager collective without `name=` raises `ValueError`,
+because calls of several threads have no order that is the same on every
+rank (their results would silently mix up the threads' values).  Threads
+pass explicit names that agree across ranks and differ between threads.
 
 An explicit `name` is used as-is.
 
@@ -179,8 +182,11 @@ def _init(options, restart_stopped):
   resolved = Options.from_env(base=options)
   with _state.lock:
     lib = _lib()
+    # In a fork child the C call below fails with the reason (the engine's
+    # thread and MPI do not survive fork).
+    forked = bool(lib.c.mpistrategy_is_forked_child())
     stopped = bool(lib.c.mpistrategy_engine_stopped())
-    if not restart_stopped and _state.options is not None:
+    if not restart_stopped and _state.options is not None and not forked:
       # The library's own calls only make sure an engine runs: they keep a
       # stopped one, and one the user started with their own options.
       if stopped or (options is None and lib.c.mpistrategy_is_initialized()):
@@ -188,7 +194,7 @@ def _init(options, restart_stopped):
     # An engine that stopped on an error (a rank shut down or raised, a
     # stall timed out) is replaced below, like a first init.
     if (_state.options is not None and lib.c.mpistrategy_is_initialized() and
-        not stopped):
+        not stopped and not forked):
       if resolved == _state.options:
         return
       diff = ", ".join(
@@ -204,7 +210,8 @@ def _init(options, restart_stopped):
         resolved.fusion_threshold_bytes, resolved.cycle_time_ms,
         resolved.fusion_wait_ms, int(resolved.autotune),
         resolved.autotune_log.encode(), resolved.cache_capacity, resolved.stall_warning_seconds,
-        resolved.stall_timeout_seconds, resolved.timeline.encode(),
+        resolved.stall_timeout_seconds, resolved.peer_timeout_seconds,
+        resolved.timeline.encode(),
         int(resolved.hierarchical_allreduce), error_buf, len(error_buf))
     if code != 0:
       message = error_buf.value.decode(errors="replace")
@@ -331,6 +338,14 @@ def built_with_nccl():
   return bool(_lib().c.mpistrategy_built_with_nccl())
 
 
+def _describe_rank(lib, which):
+  """"rank N (host H, pid P)", as the engine's messages name ranks."""
+  buf = ctypes.create_string_buffer(512)
+  if lib.c.mpistrategy_describe_rank(which, buf, len(buf)) != 0:
+    return f"rank {which}"
+  return buf.value.decode(errors="replace")
+
+
 def _install_excepthook():
   """Makes an uncaught exception end every rank instead of hanging them."""
   if _state.previous_excepthook is not None:
@@ -357,7 +372,7 @@ def _abort_on_exception(exc_type, exc, tb):
   sys.stderr.flush()
   if lib is None:
     return
-  reason = f"rank {my_rank} raised {exc_type.__name__}: {exc}"
+  reason = f"{_describe_rank(lib, my_rank)} raised {exc_type.__name__}: {exc}"
   lib.c.mpistrategy_abort(reason.encode(errors="replace"), 2.0)
   lib.c.mpistrategy_mpi_abort(1)
 
@@ -420,9 +435,42 @@ def _tensor_name(name, kind):
   if name is not None:
     return name
   if tf.executing_eagerly():
+    _claim_eager_default_names(kind)
     return f"eager/{kind}"
   graph = tf.compat.v1.get_default_graph()
   return f"{_graph_path(graph)}/{graph.unique_name(kind)}"
+
+
+def _claim_eager_default_names(kind):
+  """Raises unless this thread may issue a default-named eager collective.
+
+  Default eager names (`eager/<op>`) pair the k-th call of each rank with
+  the k-th call of every other rank: program order, as long as one thread
+  issues them.  Among several threads the order is whatever the threads
+  happen to reach the engine in, which differs across ranks, so results
+  would silently mix up different threads' values.  The main thread is the
+  one thread that is the same on every rank (a first-come owner would not
+  be: a different thread may come first on each rank), so it alone may use
+  default eager names; every other thread must pass `name=`.
+
+  Args:
+    kind: the op, for the message.
+
+  Raises:
+    ValueError: this is not the main thread.
+  """
+  current = threading.current_thread()
+  if current is threading.main_thread():
+    return
+  raise ValueError(
+      f"mpistrategy.ops.{kind}: an eager collective without `name=` can "
+      f"only be issued from the main thread, and this is thread "
+      f"{current.name!r}. Default eager names pair calls across ranks by "
+      "their order, which is not defined between threads, so results would "
+      "silently mix up different threads' values. Pass name= (the same on "
+      "every rank, and different for each thread's calls, e.g. "
+      "name=f\"grads/{worker_id}\") or issue the collective from the main "
+      "thread.")
 
 
 # TensorFlow appends process-global uids to the names of the graphs it
