@@ -40,6 +40,7 @@ import operator
 import re
 import sys
 import threading
+import time
 import traceback
 
 import tensorflow as tf
@@ -87,6 +88,9 @@ _NUMERIC_DTYPES = _FLOAT_DTYPES + (tf.int32, tf.int64, tf.uint8, tf.int8)
 # StatusCode (cc/engine/common.h) returned by mpistrategy_init: invalid
 # arguments become ValueError, the rest the tf.errors class of that code.
 _INVALID_ARGUMENT = 3
+# After a peer timeout, the engine calls MPI_Abort itself about a second
+# later (cc/kernels/c_api.cc); the excepthook waits longer than that.
+_PEER_TIMEOUT_EXIT_WAIT_SECONDS = 5.0
 _ERRORS_BY_CODE = {
     2: tf.errors.UnknownError,
     4: tf.errors.DeadlineExceededError,
@@ -372,6 +376,12 @@ def _abort_on_exception(exc_type, exc, tb):
   sys.stderr.flush()
   if lib is None:
     return
+  if (isinstance(exc, tf.errors.UnavailableError) and
+      "peer_timeout_seconds" in str(exc)):
+    # A peer timeout: the engine itself ends the job a moment later, after
+    # the other ranks had time to print their own message; an immediate
+    # MPI_Abort here would kill them before they do.
+    time.sleep(_PEER_TIMEOUT_EXIT_WAIT_SECONDS)
   reason = f"{_describe_rank(lib, my_rank)} raised {exc_type.__name__}: {exc}"
   lib.c.mpistrategy_abort(reason.encode(errors="replace"), 2.0)
   lib.c.mpistrategy_mpi_abort(1)
