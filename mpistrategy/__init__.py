@@ -13,7 +13,12 @@ ops (`mpistrategy.ops`) can also be used without the strategy.
 
 import importlib
 
+from mpistrategy import _output
 from mpistrategy.options import Options
+
+# Under mpirun: whole output lines, and ranks other than 0 stay quiet (before
+# anything here imports TensorFlow; see mpistrategy/_output.py).
+_output.setup_this_process()
 
 # Everything else is imported on first use (PEP 562), so that tools which do
 # not run collectives (`python -m mpistrategy.run`, option parsing) start

@@ -100,6 +100,14 @@ class Options:
       engines (their pending collectives fail with
       `tf.errors.AbortedError` naming this rank) and then calls `MPI_Abort`,
       so no rank hangs waiting for a rank that died.
+    verbose: When False (the default), ranks other than 0 hide TensorFlow's
+      C++ INFO/WARNING lines, Python warnings and the "tensorflow"/"absl"
+      loggers' INFO/WARNING records, which every rank would print alike
+      (see `mpistrategy.quiet`); errors are never hidden.  True (or
+      `MPISTRATEGY_VERBOSE=1`, the launcher's `--verbose`) shows
+      everything on every rank.  The start-up lines are decided when
+      mpistrategy is imported, so only the variable (or the launcher)
+      brings those back.
 
   Raises:
     TypeError: A field has the wrong type.
@@ -117,6 +125,7 @@ class Options:
   timeline: str = ""
   hierarchical_allreduce: bool = False
   abort_on_exception: bool = True
+  verbose: bool = False
 
   def __post_init__(self):
     _check_int(self, "fusion_threshold_bytes", minimum=0,
@@ -137,7 +146,8 @@ class Options:
                  hint="a number >= 0 (0 waits forever)")
     for name in ("timeline", "autotune_log"):
       _check_path(self, name)
-    for name in ("autotune", "hierarchical_allreduce", "abort_on_exception"):
+    for name in ("autotune", "hierarchical_allreduce", "abort_on_exception",
+                 "verbose"):
       value = getattr(self, name)
       if not isinstance(value, bool):
         raise TypeError(

@@ -45,6 +45,7 @@ from tensorflow.python.framework import auto_control_deps as _acd  # pylint: dis
 
 from mpistrategy import _tf_threads
 from mpistrategy import compression as compression_lib
+from mpistrategy import _output
 from mpistrategy.ops import _library
 from mpistrategy.options import Options
 
@@ -209,6 +210,8 @@ def _init(options, restart_stopped):
       error_class = _ERRORS_BY_CODE.get(code, tf.errors.UnknownError)
       raise error_class(None, None, f"mpistrategy.init failed: {message}")
     _state.options = resolved
+    if resolved.verbose:
+      _output.undo_quiet()
     _tf_threads.share_cpus(lib.c.mpistrategy_local_size())
     if not _state.atexit_registered:
       # Registered after mpi4py's own exit handler (if mpi4py was imported
