@@ -49,6 +49,17 @@ multi-process `MPIStrategy`, so single-process code is unaffected.
    shards differ in shape and that reduction fails on every rank.  The
    patch builds from this rank's own shard instead, which has the same
    per-replica structure; nothing is communicated.
+
+5. Keras calls that communicate (`fit`, `evaluate`, `predict`,
+   `train_on_batch`, `test_on_batch`, `predict_on_batch`, `save`,
+   `save_weights`, `load_weights`, `export`) run inside
+   `mpistrategy.ops.mpi_ops.entry_point("Model.<method>")`, so the default
+   names of their collectives start with the call (see `mpi_ops`): a stall
+   warning or timeout then says `Model.evaluate/...` instead of an anonymous
+   `eager/allreduce`.  When such a call fails because other ranks did not
+   join its collectives (a stall timeout, or a rank that shut down or
+   raised), the error gets a note naming the call and the rank and stating
+   the rule: every rank must make the same Keras calls that communicate.
 """
 
 import tensorflow as tf
@@ -201,6 +212,56 @@ def _world_size():
   return _WORLD["size"]
 
 
+# (class module, class name, method) of the Keras calls that communicate.
+_ENTRY_POINTS = (
+    ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer",
+     ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch",
+      "predict_on_batch")),
+    ("keras.src.models.model", "Model",
+     ("save", "save_weights", "load_weights", "export")),
+)
+
+
+def _rule_note(entry, rank):
+  return (f"mpistrategy: this error was raised in {entry}() on rank {rank}: "
+          "its collectives were not joined by every rank.  Every rank must "
+          "make the same Keras/TF calls that communicate (fit, evaluate, "
+          "predict, save, ...), also when only rank 0 needs the result; "
+          "see the stall message above for the ranks that were missing.")
+
+
+def _patch_entry_points(rank):
+  import importlib  # pylint: disable=g-import-not-at-top
+  from mpistrategy.ops import mpi_ops  # pylint: disable=g-import-not-at-top
+  for module_name, class_name, methods in _ENTRY_POINTS:
+    cls = getattr(importlib.import_module(module_name), class_name)
+    for method in methods:
+      original = cls.__dict__.get(method)
+      if original is None or getattr(original, "_mpistrategy_entry", False):
+        continue
+      entry = f"Model.{method}"
+
+      def wrapper(self, *args, __original=original, __entry=entry, **kwargs):
+        outermost = not mpi_ops.entry_points()
+        with mpi_ops.entry_point(__entry):
+          try:
+            return __original(self, *args, **kwargs)
+          except (tf.errors.DeadlineExceededError,
+                  tf.errors.AbortedError) as e:
+            if outermost and _world_size() > 1 and not getattr(
+                e, "_mpistrategy_noted", False):
+              e._mpistrategy_noted = True  # pylint: disable=protected-access
+              e.add_note(_rule_note(__entry, rank))
+            raise
+
+      wrapper._mpistrategy_entry = True  # pylint: disable=protected-access
+      wrapper.__doc__ = original.__doc__
+      wrapper.__name__ = method
+      wrapper.__qualname__ = f"{class_name}.{method}"
+      wrapper.__wrapped__ = original
+      setattr(cls, method, wrapper)
+
+
 def install(rank, size):
   """Applies the patches of this module (idempotent).
 
@@ -218,6 +279,9 @@ def install(rank, size):
   if "symbolic_build" not in _INSTALLED:
     _patch_symbolic_build()
     _INSTALLED.add("symbolic_build")
+  if "entry_points" not in _INSTALLED:
+    _patch_entry_points(rank)
+    _INSTALLED.add("entry_points")
   if "progbar" not in _INSTALLED and size > 1:
     _patch_progbar(rank)
     _INSTALLED.add("progbar")
