@@ -98,6 +98,7 @@ def test_from_env_overrides_every_field():
       "MPISTRATEGY_FUSION_WAIT_MS": "0.5",
       "MPISTRATEGY_AUTOTUNE": "yes",
       "MPISTRATEGY_AUTOTUNE_LOG": "/tmp/a.csv",
+      "MPISTRATEGY_VERBOSE": "1",
       "HOME": "/root",
   }
   o = Options.from_env(environ=env)
@@ -106,7 +107,7 @@ def test_from_env_overrides_every_field():
                       stall_timeout_seconds=30.0, timeline="/tmp/t.json",
                       hierarchical_allreduce=True, abort_on_exception=False,
                       fusion_wait_ms=0.5, autotune=True,
-                      autotune_log="/tmp/a.csv")
+                      autotune_log="/tmp/a.csv", verbose=True)
   # Every field has an environment variable.
   assert {f"MPISTRATEGY_{f.name.upper()}" for f in dataclasses.fields(Options)
          } <= set(env)
