@@ -1,8 +1,8 @@
-"""`python -m mpistrategy.run`: starts a training script on N ranks.
+"""`python -m mpistrategy.run` (`mpistrategyrun`): runs a script on N ranks.
 
 ```bash
 python -m mpistrategy.run -np 4 train.py --epochs 3
-python -m mpistrategy.run -np 8 -H host1:4,host2:4 train.py
+python -m mpistrategy.run -H host1:4,host2:4 train.py       # 8 ranks
 python -m mpistrategy.run -np 2 --stall-timeout-seconds 600 train.py
 python -m mpistrategy.run --check
 ```
@@ -29,6 +29,17 @@ The ranks run the script with the launcher's own interpreter
   after the first one, every process of its session is killed.
 * Exit status: the command's; 128 + N when it died of signal N, or when the
   launcher was stopped by signal N and the command did not exit with 0.
+* Output: every line carries its rank (Open MPI `--tag-output`:
+  `[1,R]<stdout>:`; MPICH `-prepend-rank`: `[R] `; srun `--label`: `R: `)
+  unless `--no-tag-output`.  The rank program runs behind
+  `python -m mpistrategy.quiet`: ranks other than 0 do not print
+  TensorFlow's start-up INFO/WARNING lines nor Python warnings (errors and
+  tracebacks always pass); `--verbose` shows everything on every rank.
+* Ranks and hosts: without -H/--hostfile (and outside a resource manager's
+  allocation) -np N runs N ranks on this host even when N exceeds its cores
+  (Open MPI `--oversubscribe`).  Without -np, the ranks are the sum of the
+  slots of -H host:slots,... or of a host file that gives every host's
+  slots.  As root, Open MPI gets `--allow-run-as-root`, said once on stderr.
 
 Command construction (`parse_args`, `build_command`) needs neither
 TensorFlow nor MPI; only `--check` imports them.
@@ -56,6 +67,7 @@ __all__ = ["Command", "build_command", "detect_mpi_flavour", "find_launcher",
            "main", "make_parser", "parse_args"]
 
 PROG = "mpistrategy.run"
+CONSOLE_SCRIPT = "mpistrategyrun"  # pyproject.toml: mpistrategy.run:main
 
 # Environment variables exported to the ranks by name (Open MPI `-x NAME`)
 # when they are set, and prefixes of further ones.
@@ -146,10 +158,12 @@ def make_parser():
   Returns:
     An `argparse.ArgumentParser`.
   """
+  prog = (CONSOLE_SCRIPT if os.path.basename(sys.argv[0]) == CONSOLE_SCRIPT
+          else f"python -m {PROG}")
   parser = argparse.ArgumentParser(
-      prog=f"python -m {PROG}", allow_abbrev=False,
-      usage=f"python -m {PROG} [options] -np N SCRIPT [ARGS ...]\n"
-      f"       python -m {PROG} --check",
+      prog=prog, allow_abbrev=False,
+      usage=f"{prog} [options] [-np N] [-H HOST:SLOTS,...] SCRIPT [ARGS ...]"
+      f"\n       {prog} --check",
       description="Runs a Python training script on N MPI ranks with mpirun "
       "(or srun inside a Slurm allocation), using this interpreter.",
       epilog="Example: python -m mpistrategy.run -np 4 -H host1:2,host2:2 "

@@ -786,3 +786,28 @@ def test_import_quiets_python_warnings_on_rank_1_only(tmp_path):
   # Outside MPI nothing changes.
   assert "UserWarning: w" in results["no_mpi"].stderr
   assert results["no_mpi"].stdout.split()[1] == "False"
+
+
+@pytest.mark.timeout(60)
+def test_main_works_as_the_console_script(script):
+  """What pip's `mpistrategyrun` wrapper does: sys.exit(main())."""
+  wrapper = ("import sys\nfrom mpistrategy.run import main\n"
+             "sys.argv[0] = '/venv/bin/mpistrategyrun'\nsys.exit(main())\n")
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  result = subprocess.run([sys.executable, "-c", wrapper, "--help"], env=env,
+                          capture_output=True, text=True, timeout=30,
+                          check=False)
+  assert result.returncode == 0, result
+  assert result.stdout.startswith("usage: mpistrategyrun [options]"), \
+      result.stdout
+  result = subprocess.run(
+      [sys.executable, "-c", wrapper, "--dry-run", "-H", "localhost:2",
+       script], env=env, capture_output=True, text=True, timeout=30,
+      check=False)
+  assert result.returncode == 0, result
+  assert " -np 2 -H localhost:2 " in result.stdout, result.stdout
+  result = subprocess.run([sys.executable, "-c", wrapper, script], env=env,
+                          capture_output=True, text=True, timeout=30,
+                          check=False)
+  assert result.returncode == 2, result
+  assert "-np/--num-proc is required" in result.stderr, result.stderr
