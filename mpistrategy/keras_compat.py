@@ -50,16 +50,19 @@ multi-process `MPIStrategy`, so single-process code is unaffected.
    patch builds from this rank's own shard instead, which has the same
    per-replica structure; nothing is communicated.
 
-5. Keras calls that communicate (`fit`, `evaluate`, `predict`,
+5. Keras/TF calls that communicate (`Model.fit`, `evaluate`, `predict`,
    `train_on_batch`, `test_on_batch`, `predict_on_batch`, `save`,
-   `save_weights`, `load_weights`, `export`) run inside
-   `mpistrategy.ops.mpi_ops.entry_point("Model.<method>")`, so the default
-   names of their collectives start with the call (see `mpi_ops`): a stall
-   warning or timeout then says `Model.evaluate/...` instead of an anonymous
-   `eager/allreduce`.  When such a call fails because other ranks did not
-   join its collectives (a stall timeout, or a rank that shut down or
-   raised), the error gets a note naming the call and the rank and stating
-   the rule: every rank must make the same Keras calls that communicate.
+   `save_weights`, `load_weights`, `export`; `tf.train.Checkpoint.save`,
+   `write`, `restore`, `read`; `tf.train.CheckpointManager.save`,
+   `restore_or_initialize`) run inside
+   `mpistrategy.ops.mpi_ops.entry_point("Model.<method>")` (or
+   "Checkpoint.<method>", ...), so the default names of their collectives
+   start with the call (see `mpi_ops`): a stall warning or timeout then
+   says `Model.evaluate/...` instead of an anonymous `eager/allreduce`.
+   When such a call fails because other ranks did not join its collectives
+   (a stall timeout, or a rank that shut down or raised), the error gets a
+   note naming the call and the rank and stating the rule: every rank must
+   make the same Keras/TF calls that communicate.
 """
 
 import tensorflow as tf
@@ -212,13 +215,17 @@ def _world_size():
   return _WORLD["size"]
 
 
-# (class module, class name, method) of the Keras calls that communicate.
+# (module, class, label, methods) of the Keras/TF calls that communicate.
 _ENTRY_POINTS = (
-    ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer",
+    ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer", "Model",
      ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch",
       "predict_on_batch")),
-    ("keras.src.models.model", "Model",
+    ("keras.src.models.model", "Model", "Model",
      ("save", "save_weights", "load_weights", "export")),
+    ("tensorflow.python.checkpoint.checkpoint", "Checkpoint", "Checkpoint",
+     ("save", "write", "restore", "read")),
+    ("tensorflow.python.checkpoint.checkpoint_management", "CheckpointManager",
+     "CheckpointManager", ("save", "restore_or_initialize")),
 )
 
 
@@ -233,13 +240,13 @@ def _rule_note(entry, rank):
 def _patch_entry_points(rank):
   import importlib  # pylint: disable=g-import-not-at-top
   from mpistrategy.ops import mpi_ops  # pylint: disable=g-import-not-at-top
-  for module_name, class_name, methods in _ENTRY_POINTS:
+  for module_name, class_name, label, methods in _ENTRY_POINTS:
     cls = getattr(importlib.import_module(module_name), class_name)
     for method in methods:
       original = cls.__dict__.get(method)
       if original is None or getattr(original, "_mpistrategy_entry", False):
         continue
-      entry = f"Model.{method}"
+      entry = f"{label}.{method}"
 
       def wrapper(self, *args, __original=original, __entry=entry, **kwargs):
         outermost = not mpi_ops.entry_points()

@@ -271,8 +271,9 @@ OUTPUT_SCRIPT = os.path.join(HERE, "scripts", "run_output.py")
 # What _env() adds for the other tests, removed so that the launcher's own
 # choices are tested: its --oversubscribe, its --allow-run-as-root, and
 # TensorFlow's default log level.
-_LAUNCHER_DECIDES = ("OMPI_MCA_rmaps_base_oversubscribe", "TF_CPP_MIN_LOG_LEVEL",
-                     "OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
+_LAUNCHER_DECIDES = ("OMPI_MCA_rmaps_base_oversubscribe",
+                     "TF_CPP_MIN_LOG_LEVEL", "OMPI_ALLOW_RUN_AS_ROOT",
+                     "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
 _START_UP = re.compile(r"cudart_stub|cpu_feature_guard|absl::InitializeLog|"
                        r"oneDNN|To enable the following instructions")
 
