@@ -3,13 +3,16 @@
 #   make demo     set up everything, then train the Keras example on 2 MPI ranks
 #   make test     set up everything, then run every test suite (what CI runs)
 #   make build    op library -> mpistrategy/ops/_mpi_ops.so (CPU kernels)
+#   make install  build, then install the package into .venv (pip, no compile)
+#   make sdist    source distribution -> dist/mpistrategy-<version>.tar.gz
 #   make build-cuda   + NCCL GPU kernels -> build/cuda/_mpi_ops.so (compile/link check)
 #   make bench    allreduce benchmark on 2 ranks
 #   make clean    remove build outputs (make distclean: also .venv and Bazel's cache)
 #
 # `demo` and `test` install what is missing on a fresh Debian/Ubuntu machine
-# (apt: bazel-bootstrap, Open MPI; a .venv from requirements.txt) and are
-# cheap to re-run once everything is in place.
+# (apt: bazel-bootstrap, Open MPI; a .venv from requirements.txt), install
+# mpistrategy itself into .venv (so `.venv/bin/python script.py` works in any
+# directory) and are cheap to re-run once everything is in place.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -24,13 +27,13 @@ VENV    := $(ROOT)/.venv
 PY      := $(VENV)/bin/python
 BAZEL   ?= bazel
 MPIRUN  ?= mpirun
-APT_PACKAGES := bazel-bootstrap libopenmpi-dev openmpi-bin
+APT_PACKAGES := bazel-bootstrap libopenmpi-dev openmpi-bin libgtest-dev
 
 # Wall-clock limits (seconds) per stage; a hang fails the stage.
 TIMEOUT_SINGLE   ?= 1200
 TIMEOUT_NP2      ?= 1200
 TIMEOUT_NP3      ?= 1500
-TIMEOUT_LAUNCHER ?= 900
+TIMEOUT_LAUNCHER ?= 1800
 TIMEOUT_DEMO     ?= 900
 TIMEOUT_BENCH    ?= 900
 # Per-test limit (pytest-timeout).
@@ -39,7 +42,10 @@ export MPISTRATEGY_TEST_TIMEOUT ?= 180
 # Bazel's repository rules find TensorFlow through PYTHON_BIN_PATH, which
 # defaults to this checkout's .venv/bin/python (see WORKSPACE); left unset
 # here so that `make build` and a bare `bazel build` see the same environment.
-export PYTHONPATH := $(ROOT)$(if $(PYTHONPATH),:$(PYTHONPATH))
+# Tests, demo and bench use the package installed into .venv (`make install`),
+# never the checkout: no PYTHONPATH, and `python -P` keeps the current
+# directory (the checkout) off sys.path.
+unexport PYTHONPATH
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONUNBUFFERED := 1
 export OMPI_MCA_rmaps_base_oversubscribe := 1
@@ -57,7 +63,7 @@ endif
 # Single-copy shared memory (CMA) fails in many containers; --bind-to none
 # lets TF's thread pools use every core.
 MPIRUN_FLAGS ?= --oversubscribe --bind-to none --mca btl_vader_single_copy_mechanism none \
-                -x PYTHONPATH -x TF_CPP_MIN_LOG_LEVEL -x PYTHONUNBUFFERED
+                -x TF_CPP_MIN_LOG_LEVEL -x PYTHONUNBUFFERED
 KILL_AFTER := --kill-after=30
 
 LIB       := mpistrategy/ops/_mpi_ops.so
@@ -92,19 +98,20 @@ COPY_LIB = copy_lib() { mkdir -p "$$(dirname "$$2")"; [ -e "$$2" ] && chmod u+w 
 	cmp -s "$$1" "$$2" || { cp -f "$$1" "$$2.tmp.$$$$"; chmod u+w "$$2.tmp.$$$$"; \
 	  mv -f "$$2.tmp.$$$$" "$$2"; }; chmod u+w "$$2"; echo "  -> $$2"; };
 
-.PHONY: all help deps venv build build-cuda test demo bench clean distclean
+.PHONY: all help deps venv build build-cuda install sdist test demo bench clean distclean
 
 all: build
 
 help:
-	@sed -n '2,12p' $(ROOT)/Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,15p' $(ROOT)/Makefile | sed 's/^# \{0,1\}//'
 
 # ----------------------------------------------------------------- set-up
 DEPS_CMD = missing=""; \
 	for c in $(BAZEL) mpicc $(MPIRUN) g++; do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
 	pkgs="$(APT_PACKAGES)"; \
 	if ! $(PYTHON3) -c 'import ensurepip, venv' 2>/dev/null; then missing="$$missing python3-venv"; pkgs="$$pkgs python3-venv"; fi; \
-	if [ -z "$$missing" ]; then echo "deps: bazel, mpicc, mpirun, g++, python3-venv present"; exit 0; fi; \
+	[ -f /usr/include/gtest/gtest.h ] || missing="$$missing libgtest-dev"; \
+	if [ -z "$$missing" ]; then echo "deps: bazel, mpicc, mpirun, g++, python3-venv, googletest present"; exit 0; fi; \
 	echo "deps: missing:$$missing -> apt-get install $$pkgs"; \
 	if [ "$$(id -u)" != 0 ] && [ -z "$(SUDO)" ]; then \
 	  echo "deps: not root and no sudo: install $$pkgs yourself" >&2; exit 1; fi; \
@@ -145,6 +152,23 @@ BUILD_CUDA_CMD = $(BAZEL_SHUTDOWN_TRAP) $(COPY_LIB) \
 build-cuda: deps venv
 	$(call stage,build-cuda,$(BUILD_CUDA_CMD))
 
+# Installs the checkout into .venv as a user's pip would (a wheel, not an
+# editable link), packaging the library `make build` compiled instead of
+# compiling it again (setup.py: MPISTRATEGY_PREBUILT_LIBRARY).
+INSTALL_CMD = MPISTRATEGY_PREBUILT_LIBRARY="$(ROOT)/$(LIB)" "$(PY)" -m pip install \
+	    --disable-pip-version-check --no-input --progress-bar off -q \
+	    --no-deps --no-build-isolation --force-reinstall "$(ROOT)"; \
+	rm -rf "$(ROOT)/build/lib"* "$(ROOT)/build/bdist"* "$(ROOT)"/*.egg-info; \
+	cd / && "$(PY)" -c 'import mpistrategy, sys; print("install:", mpistrategy.__version__, "->", mpistrategy.__file__)'
+
+install: build
+	$(call stage,install,$(INSTALL_CMD))
+
+SDIST_CMD = "$(PY)" -m build --sdist --outdir "$(ROOT)/dist" "$(ROOT)"
+
+sdist: venv
+	$(call stage,sdist,$(SDIST_CMD))
+
 # ------------------------------------------------------------------- test
 BAZEL_TEST_CMD = trap '$(BAZEL) shutdown' EXIT; \
 	if ! q=$$($(BAZEL) query 'tests(//cc/...)' 2>&1); then \
@@ -155,13 +179,13 @@ BAZEL_TEST_CMD = trap '$(BAZEL) shutdown' EXIT; \
 
 PYTEST_FLAGS = -p no:randomly -p no:cacheprovider --timeout=$(MPISTRATEGY_TEST_TIMEOUT) --timeout-method=thread
 
-SINGLE_CMD   = timeout $(KILL_AFTER) $(TIMEOUT_SINGLE) "$(PY)" -m pytest $(PYTEST_FLAGS) tests/single
+SINGLE_CMD   = timeout $(KILL_AFTER) $(TIMEOUT_SINGLE) "$(PY)" -P -m pytest $(PYTEST_FLAGS) tests/single
 NP2_CMD      = tests/mpirun_pytest.sh 2 $(TIMEOUT_NP2) tests/parallel
 NP3_CMD      = tests/mpirun_pytest.sh 3 $(TIMEOUT_NP3) tests/parallel
-LAUNCHER_CMD = timeout $(KILL_AFTER) $(TIMEOUT_LAUNCHER) "$(PY)" -m pytest $(PYTEST_FLAGS) tests/launcher
+LAUNCHER_CMD = timeout $(KILL_AFTER) $(TIMEOUT_LAUNCHER) "$(PY)" -P -m pytest $(PYTEST_FLAGS) tests/launcher
 
 test: BAZEL_KEEP_SERVER = 1
-test: deps venv build build-cuda
+test: deps venv build build-cuda install
 	$(call stage,bazel-test,$(BAZEL_TEST_CMD))
 	$(call stage,pytest-single,$(SINGLE_CMD))
 	$(call stage,pytest-parallel-np2,$(NP2_CMD))
@@ -170,19 +194,19 @@ test: deps venv build build-cuda
 	@echo "=== make test: all stages passed"
 
 # ------------------------------------------------------------ demo, bench
-DEMO_CMD  = timeout $(KILL_AFTER) $(TIMEOUT_DEMO) $(MPIRUN) -np 2 $(MPIRUN_FLAGS) "$(PY)" examples/keras_digits.py
-BENCH_CMD = timeout $(KILL_AFTER) $(TIMEOUT_BENCH) $(MPIRUN) -np 2 $(MPIRUN_FLAGS) "$(PY)" bench/allreduce.py
+DEMO_CMD  = timeout $(KILL_AFTER) $(TIMEOUT_DEMO) $(MPIRUN) -np 2 $(MPIRUN_FLAGS) "$(PY)" -P examples/keras_digits.py
+BENCH_CMD = timeout $(KILL_AFTER) $(TIMEOUT_BENCH) $(MPIRUN) -np 2 $(MPIRUN_FLAGS) "$(PY)" -P bench/allreduce.py
 
-demo: deps venv build
+demo: deps venv build install
 	$(call stage,demo,$(DEMO_CMD))
 
-bench: deps venv build
+bench: deps venv build install
 	$(call stage,bench,$(BENCH_CMD))
 
 # ------------------------------------------------------------------ clean
 clean:
 	@if command -v $(BAZEL) >/dev/null && [ -e bazel-bin ]; then $(BAZEL) clean; $(BAZEL) shutdown; fi
-	rm -rf build *.egg-info .pytest_cache
+	rm -rf build dist *.egg-info .pytest_cache
 	rm -f $(LIB)
 
 distclean: clean

@@ -1,152 +1,190 @@
-"""pip route (no Bazel).  Needs TensorFlow and MPI at build time, so:
+"""Builds the op library for pip; the metadata lives in pyproject.toml.
 
-    pip install --no-build-isolation .          # CPU kernels
-    MPISTRATEGY_CUDA=1 pip install --no-build-isolation .   # + NCCL GPU kernels
+    pip install mpistrategy-<version>.tar.gz      # sdist, with build isolation
+    pip install .                                 # from a checkout
+    pip install --no-build-isolation .            # against the TensorFlow
+                                                  # already installed here
+    MPISTRATEGY_CUDA=1 pip install .              # + NCCL GPU kernels
 
-Compiles the same sources with the same flags as `bazel build //cc:_mpi_ops.so`
-(cc/{engine,transport,ops,kernels}/*.cc minus *_test.cc, fake_*.cc and, unless
-MPISTRATEGY_CUDA=1, *_gpu.cc) into mpistrategy/ops/_mpi_ops.so.
-Env: MPICC (default mpicc).
+Compiles the sources that cc/sources.bzl lists for Bazel's
+`//cc:_mpi_ops.so`, with the same flags, into mpistrategy/ops/_mpi_ops.so.
+The library is tied to the C++ ABI of the TensorFlow it is compiled against:
+with build isolation that is the newest release that pyproject.toml's
+build requirement allows, so install a matching TensorFlow at run time (the
+runtime requirement has the same range).
+
+Environment:
+  MPICC: MPI compiler wrapper to ask for flags (default: `mpicc` on PATH,
+    else the one mpi4py was built with).
+  MPISTRATEGY_CUDA=1: also compile the GPU kernels.
+  MPISTRATEGY_PREBUILT_LIBRARY: path of an op library already built (by
+    `make build`); it is packaged as is instead of compiling.
 """
-import glob
+import ast
 import os
-import re
 import shlex
+import shutil
 import subprocess
 import sys
 
-from setuptools import Extension, find_packages, setup
+from setuptools import Extension
+from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXT_NAME = "mpistrategy.ops._mpi_ops"
 CUDA = os.environ.get("MPISTRATEGY_CUDA", "0") == "1"
+PREBUILT = os.environ.get("MPISTRATEGY_PREBUILT_LIBRARY", "")
+
+# cc/sources.bzl list -> the Bazel package its paths are relative to.
+_CPU_LISTS = {
+    "ENGINE_COMMON_SRCS": "cc/engine",
+    "ENGINE_SRCS": "cc/engine",
+    "MPI_TRANSPORT_SRCS": "cc/transport",
+    "KERNEL_SRCS": "cc",
+}
+_GPU_LISTS = {
+    "NCCL_TRANSPORT_SRCS": "cc/transport",
+    "KERNEL_GPU_SRCS": "cc",
+}
+
+
+def _bazel_lists():
+  """The string lists assigned in cc/sources.bzl, by name."""
+  path = os.path.join(HERE, "cc", "sources.bzl")
+  try:
+    with open(path) as f:
+      tree = ast.parse(f.read(), path)
+  except OSError as e:
+    sys.exit(f"setup.py: cannot read the source list {path}: {e}")
+  lists = {}
+  for node in tree.body:
+    if isinstance(node, ast.Assign) and len(node.targets) == 1:
+      lists[node.targets[0].id] = ast.literal_eval(node.value)
+  return lists
 
 
 def _sources():
-    srcs = []
-    for d in ("engine", "transport", "ops", "kernels"):
-        for path in sorted(glob.glob(os.path.join("cc", d, "*.cc"))):
-            base = os.path.basename(path)
-            if base.endswith("_test.cc") or base.startswith("fake_"):
-                continue
-            if base.endswith("_gpu.cc") and not CUDA:
-                continue
-            srcs.append(path)
-    return srcs
+  lists = _bazel_lists()
+  wanted = dict(_CPU_LISTS, **(_GPU_LISTS if CUDA else {}))
+  sources = []
+  for name, package in wanted.items():
+    if name not in lists:
+      sys.exit(f"setup.py: cc/sources.bzl has no list {name}")
+    for file in lists[name]:
+      if file.endswith(".cc"):
+        sources.append(os.path.join(package, file))
+  missing = [s for s in sources if not os.path.isfile(os.path.join(HERE, s))]
+  if missing:
+    sys.exit("setup.py: sources listed in cc/sources.bzl are missing: "
+             + ", ".join(missing))
+  return sources
 
 
 def _tf_flags():
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    try:
-        import tensorflow as tf
-    except ImportError as e:
-        sys.exit("setup.py: cannot import tensorflow (%s); install it first and "
-                 "use `pip install --no-build-isolation .`" % e)
-    inc = tf.sysconfig.get_include()
-    defines = [f for f in tf.sysconfig.get_compile_flags() if f.startswith("-D")]
-    return tf.__version__, inc, defines, tf.sysconfig.get_link_flags()
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  try:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    sys.exit(f"setup.py: cannot import tensorflow ({e}); it is a build "
+             "requirement (pyproject.toml)")
+  include = tf.sysconfig.get_include()
+  defines = [f for f in tf.sysconfig.get_compile_flags() if f.startswith("-D")]
+  return include, defines, tf.sysconfig.get_link_flags()
+
+
+def _mpicc():
+  if os.environ.get("MPICC"):
+    return os.environ["MPICC"]
+  if shutil.which("mpicc"):
+    return "mpicc"
+  try:
+    import mpi4py  # pylint: disable=g-import-not-at-top
+    configured = mpi4py.get_config().get("mpicc")
+    if configured and shutil.which(configured):
+      return configured
+  except ImportError:
+    pass
+  sys.exit("setup.py: no MPI compiler wrapper found: install MPI (Debian: "
+           "apt-get install libopenmpi-dev) or set MPICC")
 
 
 def _mpi(what):
-    mpicc = os.environ.get("MPICC", "mpicc")
-    try:
-        out = subprocess.check_output([mpicc, "--showme:" + what], text=True)
-    except (OSError, subprocess.CalledProcessError):
-        if what == "incdirs":  # MPICH-style wrapper
-            out = subprocess.check_output([mpicc, "-show"], text=True)
-            return [t[2:] for t in shlex.split(out) if t.startswith("-I")]
-        if what == "link":
-            out = subprocess.check_output([mpicc, "-show"], text=True)
-            return [t for t in shlex.split(out) if t[:2] in ("-L", "-l", "-W")]
-        raise
+  """Open MPI's `--showme:<what>`, or the same read from MPICH's `-show`."""
+  mpicc = _mpicc()
+  try:
+    out = subprocess.check_output([mpicc, "--showme:" + what], text=True)
     return shlex.split(out)
-
-
-def _version():
-    try:
-        with open(os.path.join(HERE, "mpistrategy", "__init__.py")) as f:
-            m = re.search(r'^__version__\s*=\s*["\']([^"\']+)["\']', f.read(), re.M)
-            if m:
-                return m.group(1)
-    except OSError:
-        pass
-    return "0.1.0"
+  except (OSError, subprocess.CalledProcessError):
+    out = subprocess.check_output([mpicc, "-show"], text=True)
+    tokens = shlex.split(out)
+    if what == "incdirs":
+      return [t[2:] for t in tokens if t.startswith("-I")]
+    return [t for t in tokens if t[:2] in ("-L", "-l", "-W")]
 
 
 class BuildExt(build_ext):
-    """Names the library exactly mpistrategy/ops/_mpi_ops.so (no ABI tag),
-    the path mpistrategy.ops loads and `make build` writes."""
+  """Names the library mpistrategy/ops/_mpi_ops.so (no ABI tag), the path
+  mpistrategy.ops loads; packages MPISTRATEGY_PREBUILT_LIBRARY when set."""
 
-    def get_ext_filename(self, ext_name):
-        # Called with the full dotted name and (from get_ext_fullpath) with
-        # the last component only.
-        if ext_name == EXT_NAME:
-            return os.path.join(*EXT_NAME.split("."))[:-len("_mpi_ops")] + "_mpi_ops.so"
-        if ext_name == EXT_NAME.rsplit(".", 1)[1]:
-            return "_mpi_ops.so"
-        return super().get_ext_filename(ext_name)
+  def get_ext_filename(self, fullname):
+    # Called with the full dotted name and, from get_ext_fullpath, with the
+    # last component only.
+    if fullname == EXT_NAME:
+      return os.path.join("mpistrategy", "ops", "_mpi_ops.so")
+    if fullname == EXT_NAME.rsplit(".", 1)[1]:
+      return "_mpi_ops.so"
+    return super().get_ext_filename(fullname)
 
-    def finalize_options(self):
-        super().finalize_options()
-        if not self.parallel:
-            self.parallel = min(os.cpu_count() or 1, 4)
+  def finalize_options(self):
+    super().finalize_options()
+    if not self.parallel:
+      self.parallel = min(os.cpu_count() or 1, 4)
 
+  def build_extension(self, ext):
+    if not PREBUILT:
+      self._add_flags(ext)
+      super().build_extension(ext)
+      return
+    target = self.get_ext_fullpath(ext.name)
+    if not os.path.isfile(PREBUILT):
+      sys.exit(f"setup.py: MPISTRATEGY_PREBUILT_LIBRARY={PREBUILT} does not "
+               "exist (run `make build`)")
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    shutil.copyfile(PREBUILT, target)
 
-def _extensions():
-    # Metadata-only invocations (egg_info, sdist, --version) need neither TF nor MPI.
-    if not any(a.startswith(("build", "install", "bdist", "develop", "editable_wheel"))
-               for a in sys.argv[1:]):
-        return []
-    srcs = _sources()
-    if not srcs:
-        sys.exit("setup.py: no sources found under cc/{engine,transport,ops,kernels}")
-    _, tf_inc, tf_defines, tf_link = _tf_flags()
-    # Same as Bazel -c opt (Python's own CFLAGS come first; -g0 drops its -g).
-    cflags = ["-std=c++17", "-O2", "-g0", "-isystem", tf_inc, "-DOMPI_SKIP_MPICXX=1",
-              "-DMPICH_SKIP_MPICXX=1"] + tf_defines
-    for d in _mpi("incdirs"):
-        cflags += ["-isystem", d]
+  @staticmethod
+  def _add_flags(ext):
+    # Queried here, not at import, so that sdist and metadata-only calls
+    # need neither TensorFlow nor MPI.
+    tf_include, tf_defines, tf_link = _tf_flags()
+    # Same as Bazel's -c opt (Python's own CFLAGS come first; -g0 drops -g).
+    flags = ["-std=c++17", "-O2", "-g0", "-isystem", tf_include,
+             "-DOMPI_SKIP_MPICXX=1", "-DMPICH_SKIP_MPICXX=1"] + tf_defines
+    for directory in _mpi("incdirs"):
+      flags += ["-isystem", directory]
     if CUDA:
-        cflags.append("-DGOOGLE_CUDA=1")
-        # CUDA 12 / NCCL headers bundled in the TF wheel; no CUDA library is
-        # linked: libtensorflow_framework exports lazy-loading cuda*/nccl*
-        # stubs (same as MPISTRATEGY_CUDA_LINK=tf in Bazel).
-        for d in ("third_party/gpus/cuda/include",
-                  "third_party/gpus/cuda/libcudacxx/include",
-                  "external/cuda_nccl/include"):
-            cflags += ["-isystem", os.path.join(tf_inc, d)]
-    ext = Extension(
-        EXT_NAME,
-        sources=srcs,
-        language="c++",
-        include_dirs=["."],  # "cc/engine/common.h" style includes
-        extra_compile_args=cflags,
-        extra_link_args=tf_link + _mpi("link") + ["-Wl,-z,defs"],
-    )
-    return [ext]
+      flags.append("-DGOOGLE_CUDA=1")
+      # CUDA 12 / NCCL headers bundled in the TF wheel; no CUDA library is
+      # linked: libtensorflow_framework exports lazy-loading cuda*/nccl*
+      # stubs (as MPISTRATEGY_CUDA_LINK=tf does in Bazel).
+      for directory in ("third_party/gpus/cuda/include",
+                        "third_party/gpus/cuda/libcudacxx/include",
+                        "external/cuda_nccl/include"):
+        flags += ["-isystem", os.path.join(tf_include, directory)]
+    ext.extra_compile_args = flags
+    ext.extra_link_args = tf_link + _mpi("link") + ["-Wl,-z,defs"]
 
 
-def _installed_tf_version():
-    try:
-        from importlib.metadata import version
-        return version("tensorflow")
-    except Exception:
-        return None
-
-
-_exts = _extensions()
-_tf_version = _installed_tf_version()
-
-setup(
-    name="mpistrategy",
-    version=_version(),
-    description="MPI/NCCL tf.distribute strategy for TensorFlow 2 / Keras 3",
-    packages=find_packages(include=["mpistrategy", "mpistrategy.*"]),
-    python_requires=">=3.9",
-    # The C++ ABI of custom ops is per TensorFlow release.
-    install_requires=(["tensorflow==" + _tf_version] if _tf_version else ["tensorflow"]),
-    ext_modules=_exts,
-    cmdclass={"build_ext": BuildExt},
-    zip_safe=False,
-)
+if __name__ == "__main__":  # setuptools runs this file as __main__
+  setup(
+      ext_modules=[
+          Extension(
+              EXT_NAME,
+              sources=_sources(),
+              language="c++",
+              include_dirs=["."],  # "cc/engine/common.h" style includes
+          )
+      ],
+      cmdclass={"build_ext": BuildExt},
+  )

@@ -14,11 +14,14 @@ ops (`mpistrategy.ops`) can also be used without the strategy.
 import importlib
 
 from mpistrategy import _output
+from mpistrategy import version as _version
 from mpistrategy.options import Options
+from mpistrategy.version import __version__
 
 # Under mpirun: whole output lines, and ranks other than 0 stay quiet (before
-# anything here imports TensorFlow; see mpistrategy/_output.py).
+# anything here imports TensorFlow or warns; see mpistrategy/_output.py).
 _output.setup_this_process()
+_version.check_versions()
 
 # Everything else is imported on first use (PEP 562), so that tools which do
 # not run collectives (`python -m mpistrategy.run`, option parsing) start
@@ -38,7 +41,7 @@ _LAZY = {
     "local_size": ("mpistrategy.ops.mpi_ops", "local_size"),
 }
 
-__all__ = ["Options"] + sorted(_LAZY)
+__all__ = ["Options", "__version__"] + sorted(_LAZY)
 
 
 def __getattr__(name):

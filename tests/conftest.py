@@ -1,22 +1,23 @@
 """Shared pytest setup for tests/single, tests/parallel and tests/launcher.
 
-* Puts the repository root on sys.path, so `import mpistrategy` works from the
-  checkout (the in-tree op library is mpistrategy/ops/_mpi_ops.so, from
-  `make build`).
+* The tests import the *installed* mpistrategy (`make install` puts it into
+  .venv), never the checkout: the session stops at once when the package is
+  not installed, is imported from the checkout, or differs from the checkout
+  (a stale install), naming the fix.
 * Under mpirun (tests/mpirun_pytest.sh): every rank runs the same tests in the
   same order; rank 0 reports normally, the other ranks print only failures,
   errors and a one-line summary, each tagged with the rank.
 * A session that runs no tests is a failure (exit 1), never a silent success:
   "0 tests collected" usually means a broken import or a wrong path.
 """
+import filecmp
+import importlib.util
 import os
 import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -34,8 +35,47 @@ MPI_RANK = _env_int("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 MPI_SIZE = _env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
+def installed_package_problem():
+    """Why the importable mpistrategy is not the installed copy of the checkout.
+
+    Returns:
+      None when `import mpistrategy` finds an installed copy (outside the
+      checkout) whose Python files and op library equal the checkout's;
+      otherwise a message that says what is wrong and how to fix it.
+    """
+    spec = importlib.util.find_spec("mpistrategy")
+    if spec is None or not spec.origin:
+        return ("mpistrategy is not installed in %s: run `make install` "
+                "(the tests use the installed package)" % sys.executable)
+    installed = os.path.dirname(spec.origin)
+    checkout = os.path.join(ROOT, "mpistrategy")
+    if os.path.realpath(installed) == os.path.realpath(checkout):
+        return ("mpistrategy is imported from the checkout (%s), not from the "
+                "installed package: run pytest as `python -P -m pytest` (or "
+                "the pytest script) without the checkout on PYTHONPATH"
+                % checkout)
+    stale = []
+    for folder, _, files in os.walk(checkout):
+        for name in files:
+            if not name.endswith((".py", ".so")):
+                continue
+            source = os.path.join(folder, name)
+            copy = os.path.join(installed, os.path.relpath(source, checkout))
+            if not os.path.exists(copy) or not filecmp.cmp(source, copy,
+                                                          shallow=False):
+                stale.append(os.path.relpath(source, ROOT))
+    if stale:
+        return ("the installed mpistrategy (%s) differs from the checkout in "
+                "%s: run `make install`" % (installed, ", ".join(sorted(stale)[:5])
+                                             + (" ..." if len(stale) > 5 else "")))
+    return None
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
+    problem = installed_package_problem()
+    if problem:
+        pytest.exit("tests/conftest.py: " + problem, returncode=3)
     if MPI_RANK:  # a non-zero rank: failures and a summary line only
         config.option.verbose = min(config.option.verbose, -2)
         config.option.reportchars = "fE"

@@ -44,12 +44,16 @@ if [[ "$(id -u)" == 0 ]]; then
 fi
 # More ranks than cores is fine for tests (Open MPI then also yields when idle).
 export OMPI_MCA_rmaps_base_oversubscribe=1
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+# The ranks import the installed mpistrategy (`make install`), not the
+# checkout: `python -P` keeps the current directory off sys.path, and
+# tests/conftest.py stops the run if the install is stale.  A PYTHONPATH the
+# caller set (e.g. a private install) is forwarded.
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 export PYTHONUNBUFFERED=1
 # No stdin for the ranks (CI has none; pytest must never wait on input).
 
-fwd=(-x PYTHONPATH -x TF_CPP_MIN_LOG_LEVEL -x PYTHONUNBUFFERED)
+fwd=(-x TF_CPP_MIN_LOG_LEVEL -x PYTHONUNBUFFERED)
+[[ -n "${PYTHONPATH:-}" ]] && fwd+=(-x PYTHONPATH)
 while IFS='=' read -r name _; do
   [[ -n "$name" ]] && fwd+=(-x "$name")
 done < <(env | grep -E '^(MPISTRATEGY_|CUDA_VISIBLE_DEVICES=|NCCL_)' || true)
@@ -76,7 +80,7 @@ pytest_flags=(
 echo "== mpirun -np $NP (timeout ${TIMEOUT_S}s, per test ${PER_TEST_TIMEOUT}s): pytest $*"
 timeout --kill-after=30 "$TIMEOUT_S" \
   "$MPIRUN" "${mpirun_flags[@]}" \
-  "$PYTHON" -m pytest "${pytest_flags[@]}" "$@" </dev/null
+  "$PYTHON" -P -m pytest "${pytest_flags[@]}" "$@" </dev/null
 rc=$?
 
 case $rc in

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "cc/engine/engine.h"
-#include "cc/testing/test.h"
+#include <gtest/gtest.h>
 #include "cc/transport/fake_transport.h"
 
 namespace mpistrategy {

@@ -5,7 +5,7 @@
 #include <random>
 #include <string>
 
-#include "cc/testing/test.h"
+#include <gtest/gtest.h>
 
 namespace mpistrategy {
 namespace {

@@ -6,7 +6,7 @@
 #include "cc/engine/config.h"
 #include "cc/engine/float16.h"
 #include "cc/engine/reduce_kernels.h"
-#include "cc/testing/test.h"
+#include <gtest/gtest.h>
 
 namespace mpistrategy {
 namespace {

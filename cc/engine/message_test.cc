@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "cc/testing/test.h"
+#include <gtest/gtest.h>
 
 namespace mpistrategy {
 namespace {

@@ -15,7 +15,7 @@
 
 #include "cc/engine/engine.h"
 #include "cc/engine/float16.h"
-#include "cc/testing/test.h"
+#include <gtest/gtest.h>
 #include "cc/transport/fake_transport.h"
 
 namespace mpistrategy {

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "cc/engine/negotiator.h"
-#include "cc/testing/test.h"
+#include <gtest/gtest.h>
 
 namespace mpistrategy {
 namespace {

@@ -172,11 +172,12 @@ def init(options=None):
 
 
 def _init(options, restart_stopped):
-  """`init`; with `restart_stopped=False` a stopped engine is left as it is.
+  """`init`; with `restart_stopped=False` a running engine is kept as it is.
 
   The library's own calls (the strategy, its cross-device ops) use False:
   their engine may have stopped because another rank failed to start, and
-  a new start would wait for that rank forever.
+  a new start would wait for that rank forever; and an engine the user
+  started with `init(options)` must not be compared with the defaults.
   """
   if options is not None and not isinstance(options, Options):
     raise TypeError("init: options must be an mpistrategy.Options or None, "
@@ -185,8 +186,11 @@ def _init(options, restart_stopped):
   with _state.lock:
     lib = _lib()
     stopped = bool(lib.c.mpistrategy_engine_stopped())
-    if stopped and not restart_stopped and _state.options is not None:
-      return
+    if not restart_stopped and _state.options is not None:
+      # The library's own calls only make sure an engine runs: they keep a
+      # stopped one, and one the user started with their own options.
+      if stopped or (options is None and lib.c.mpistrategy_is_initialized()):
+        return
     # An engine that stopped on an error (a rank shut down or raised, a
     # stall timed out) is replaced below, like a first init.
     if (_state.options is not None and lib.c.mpistrategy_is_initialized() and

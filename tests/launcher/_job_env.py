@@ -17,8 +17,10 @@ def clean_env(extra=None, tf_log_level="1"):
 
   Drops what would make the job think it is part of another MPI job (when
   pytest itself runs under mpirun or in a Slurm allocation) and the caller's
-  MPISTRATEGY_* settings (each test sets its own); keeps OMPI_MCA_* tuning;
-  puts the checkout first on PYTHONPATH.
+  MPISTRATEGY_* settings (each test sets its own); keeps OMPI_MCA_* tuning.
+  The jobs import the installed mpistrategy, as the tests do (see
+  tests/conftest.py); a PYTHONPATH the caller set (a private install) is
+  kept, and `make test` sets none.
 
   Args:
     extra: Variables to set on top, or None.
@@ -32,8 +34,6 @@ def clean_env(extra=None, tf_log_level="1"):
          if k.startswith("OMPI_MCA_") or
          not k.startswith(("OMPI_", "PMIX_", "OPAL_", "MPISTRATEGY_",
                            "PMI_", "SLURM_"))}
-  env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"]
-                              if env.get("PYTHONPATH") else "")
   # Not unbuffered: Python would then write a traceback in fragments, and
   # --tag-output tags every fragment.  stderr is line-buffered anyway, and
   # the scripts write their events with one write(2) each (_rankio.emit).

@@ -1,19 +1,28 @@
-"""The pip route: `pip install --no-build-isolation .` without Bazel.
+"""The pip route, as a user takes it: an sdist installed with build isolation.
 
-Builds a wheel from a copy of the sources (so the checkout's own op library
-and build folders stay untouched), installs it into a folder of its own and
-runs a 2-rank allreduce that imports mpistrategy from there only.
+Builds the sdist from the checkout, checks what it carries, installs it into
+a fresh virtual environment from a directory outside the checkout (pip then
+compiles the op library in an isolated build environment with the
+TensorFlow that pyproject.toml requires; no Bazel), and runs a 2-rank job
+from a third directory through that environment's `mpistrategyrun`.  The
+job must import mpistrategy and its op library from that environment only.
+
+Slow (two TensorFlow installs and a compile: about 5 minutes here, most of
+it pip unpacking TensorFlow), so it is one test.
 """
 
 import os
-import shutil
 import subprocess
 import sys
+import tarfile
 import textwrap
+import time
 
 import pytest
 
 from _job_env import ROOT
+from _job_env import clean_env
+from _job_env import leftovers
 
 _SCRIPT = """
 import tensorflow as tf
@@ -23,51 +32,95 @@ from mpistrategy.ops import _library
 
 rank = mpistrategy.rank()
 total = ops.allreduce(tf.fill([3], float(rank + 1)), name="pip-route")
-print(f"MODULE {mpistrategy.__file__}", flush=True)
-print(f"LIBRARY {_library.load().path}", flush=True)
+print(f"MODULE {rank} {mpistrategy.__file__}", flush=True)
+print(f"LIBRARY {rank} {_library.load().path}", flush=True)
+print(f"VERSION {rank} {mpistrategy.__version__}", flush=True)
 print(f"RESULT {rank} {mpistrategy.size()} {total.numpy().tolist()}",
       flush=True)
 """
 
 
-def _pip(args, timeout):
-  proc = subprocess.run([sys.executable, "-m", "pip", "--no-input",
-                         "--disable-pip-version-check", *args],
-                        capture_output=True, text=True, timeout=timeout,
-                        check=False)
+def _run(argv, cwd, timeout, env=None):
+  proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True,
+                        text=True, timeout=timeout, check=False,
+                        stdin=subprocess.DEVNULL)
   assert proc.returncode == 0, (
-      f"pip {' '.join(args)} failed ({proc.returncode})\n--- stdout ---\n"
-      f"{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}")
+      f"{' '.join(map(str, argv))} failed ({proc.returncode})\n"
+      f"--- stdout ---\n{proc.stdout[-4000:]}\n"
+      f"--- stderr ---\n{proc.stderr[-6000:]}")
+  return proc
 
 
-@pytest.mark.timeout(900)
-def test_wheel_built_without_bazel_runs_on_two_ranks(tmp_path, launch):
-  source = tmp_path / "source"
-  source.mkdir()
-  shutil.copy(os.path.join(ROOT, "setup.py"), source)
-  ignore = shutil.ignore_patterns("*.so", "__pycache__", "*.egg-info")
-  for folder in ("cc", "mpistrategy"):
-    shutil.copytree(os.path.join(ROOT, folder), source / folder,
-                    ignore=ignore)
+def _version():
+  namespace = {}
+  with open(os.path.join(ROOT, "mpistrategy", "version.py")) as f:
+    exec(compile(f.read(), "version.py", "exec"), namespace)  # pylint: disable=exec-used
+  return namespace["__version__"]
+
+
+def _sources_in_bazel_list():
+  """The .cc files cc/sources.bzl lists, as paths relative to the root."""
+  sys.path.insert(0, ROOT)
+  try:
+    import setup as setup_py  # pylint: disable=import-outside-toplevel
+  finally:
+    sys.path.remove(ROOT)
+  return setup_py._sources()  # pylint: disable=protected-access
+
+
+@pytest.mark.timeout(1500)
+def test_sdist_installs_with_build_isolation_and_runs_two_ranks(tmp_path):
+  version = _version()
+  env = clean_env({"PIP_DISABLE_PIP_VERSION_CHECK": "1",
+                   "PIP_NO_INPUT": "1", "TF_CPP_MIN_LOG_LEVEL": "2"})
+
+  # 1. The sdist, built from the checkout as a release would be.
   dist = tmp_path / "dist"
-  _pip(["wheel", "--no-build-isolation", "--no-deps", "--no-cache-dir",
-        "-q", "-w", str(dist), str(source)], timeout=780)
-  wheels = list(dist.glob("mpistrategy-*.whl"))
-  assert len(wheels) == 1, os.listdir(dist)
-  site = tmp_path / "site"
-  _pip(["install", "--no-deps", "--no-cache-dir", "-q", "--target",
-        str(site), str(wheels[0])], timeout=120)
-  script = tmp_path / "pip_route.py"
-  script.write_text(textwrap.dedent(_SCRIPT))
+  _run([sys.executable, "-m", "build", "--sdist", "--outdir", str(dist),
+        ROOT], cwd=ROOT, timeout=300, env=env)
+  sdist = dist / f"mpistrategy-{version}.tar.gz"
+  assert sdist.is_file(), os.listdir(dist)
+  with tarfile.open(sdist) as tar:
+    names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+  for needed in ["pyproject.toml", "setup.py", "LICENSE", "README.md",
+                 "cc/sources.bzl", "mpistrategy/version.py",
+                 *_sources_in_bazel_list()]:
+    assert needed in names, f"{needed} is missing from {sdist.name}"
+  # Headers the sources include travel too.
+  assert "cc/engine/engine.h" in names and "cc/kernels/tf_adapter.h" in names
 
-  # PYTHONPATH replaces the checkout's: only the installed copy is found.
-  job = launch(str(script), np=2, env={"PYTHONPATH": str(site)}, timeout=90)
-  job.assert_no_leftovers()
-  assert not job.timed_out, job.describe()
-  assert job.returncode == 0, job.describe()
+  # 2. A fresh environment; pip runs from a directory outside the checkout.
+  outside = tmp_path / "outside"
+  outside.mkdir()
+  venv = tmp_path / "venv"
+  _run([sys.executable, "-m", "venv", str(venv)], cwd=outside, timeout=120,
+       env=env)
+  python = str(venv / "bin" / "python")
+  start = time.time()
+  _run([python, "-m", "pip", "install", "--progress-bar", "off", str(sdist)],
+       cwd=outside, timeout=1100, env=env)
+  print(f"pip install of the sdist took {time.time() - start:.0f} s")
+
+  # 3. A 2-rank job from a third directory, through the console script.
+  work = tmp_path / "work"
+  work.mkdir()
+  (work / "train.py").write_text(textwrap.dedent(_SCRIPT))
+  marker = f"pip-route-{os.getpid()}-{int(time.time())}"
+  job_env = clean_env({"TF_CPP_MIN_LOG_LEVEL": "2"})
+  job_env["PATH"] = f"{venv / 'bin'}{os.pathsep}{job_env.get('PATH', '')}"
+  proc = subprocess.run(
+      ["timeout", "-k", "10", "180", str(venv / "bin" / "mpistrategyrun"),
+       "-np", "2", "train.py", marker],
+      cwd=work, env=job_env, capture_output=True, text=True, timeout=240,
+      check=False, stdin=subprocess.DEVNULL)
+  output = proc.stdout + proc.stderr
+  assert proc.returncode == 0, output[-8000:]
+  site = _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()"
+               "['purelib'])"], cwd=outside, timeout=60).stdout.strip()
   for rank in range(2):
-    lines = job.rank_lines(rank)
-    assert f"MODULE {site}/mpistrategy/__init__.py" in lines, job.describe()
-    assert f"LIBRARY {site}/mpistrategy/ops/_mpi_ops.so" in lines, \
-        job.describe()
-    assert f"RESULT {rank} 2 [3.0, 3.0, 3.0]" in lines, job.describe()
+    assert f"MODULE {rank} {site}/mpistrategy/__init__.py" in output, output
+    assert f"LIBRARY {rank} {site}/mpistrategy/ops/_mpi_ops.so" in output, \
+        output
+    assert f"VERSION {rank} {version}" in output, output
+    assert f"RESULT {rank} 2 [3.0, 3.0, 3.0]" in output, output
+  assert not leftovers(marker), f"processes of the job outlived it: {marker}"

@@ -18,12 +18,10 @@ import tempfile
 import pytest
 
 HERE = os.path.abspath(__file__)
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 
 
 def _worker(backup_dir, out_prefix):
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  sys.path.insert(0, ROOT)
   import hashlib  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   import keras  # pylint: disable=g-import-not-at-top
@@ -63,7 +61,7 @@ def _mpirun(args, env, timeout):
   cmd = ["timeout", "-k", "10", str(timeout), "mpirun", "-np", "2",
          "--oversubscribe", "--bind-to", "none",
          "--mca", "btl_vader_single_copy_mechanism", "none",
-         "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL",
+         "-x", "TF_CPP_MIN_LOG_LEVEL",
          "-x", "MPISTRATEGY_TEST_CRASH_AT_EPOCH",
          sys.executable, HERE, "--worker"] + args
   return subprocess.run(cmd, env=env, stdout=subprocess.PIPE,
@@ -76,7 +74,6 @@ def test_killed_job_resumes_on_every_rank():
   try:
     backup, out = os.path.join(work, "backup"), os.path.join(work, "result")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                MPISTRATEGY_TEST_CRASH_AT_EPOCH="2")
     first = _mpirun([backup, out], env, 180)

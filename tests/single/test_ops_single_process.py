@@ -345,12 +345,13 @@ def test_env_override_applies_at_init(monkeypatch):
 
 def _python(code, env=None, timeout=120):
   full_env = dict(os.environ)
-  full_env.update({"PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  full_env.pop("PYTHONPATH", None)
+  full_env.update({"TF_CPP_MIN_LOG_LEVEL": "3"})
   for key in list(full_env):
     if key.startswith(("OMPI_", "PMIX_")):
       del full_env[key]
   full_env.update(env or {})
-  return subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
+  return subprocess.run([sys.executable, "-P", "-c", textwrap.dedent(code)],
                         capture_output=True, text=True, timeout=timeout,
                         env=full_env, cwd=ROOT, check=False)
 
@@ -427,14 +428,15 @@ def test_uncaught_exception_aborts_every_rank():
       time.sleep(60)
       """
   env = dict(os.environ)
-  env.update({"PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "3",
+  env.pop("PYTHONPATH", None)
+  env.update({"TF_CPP_MIN_LOG_LEVEL": "3",
               "OMPI_ALLOW_RUN_AS_ROOT": "1",
               "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
   start = time.monotonic()
   proc = subprocess.run(
       ["mpirun", "-np", "2", "--oversubscribe",
        "--mca", "btl_vader_single_copy_mechanism", "none",
-       sys.executable, "-c", textwrap.dedent(script)],
+       sys.executable, "-P", "-c", textwrap.dedent(script)],
       capture_output=True, text=True, timeout=180, env=env, cwd=ROOT,
       check=False)
   elapsed = time.monotonic() - start

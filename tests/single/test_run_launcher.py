@@ -564,11 +564,11 @@ def test_sigint_to_srun_is_sent_twice(tmp_path):
 @pytest.mark.timeout(240)
 def test_check_reports_the_build():
   env = dict(os.environ)
-  env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"]
-                              if env.get("PYTHONPATH") else "")
+  env.pop("PYTHONPATH", None)
   env["TF_CPP_MIN_LOG_LEVEL"] = "2"
   env["CUDA_VISIBLE_DEVICES"] = ""
-  out = subprocess.run([sys.executable, "-m", "mpistrategy.run", "--check"],
+  out = subprocess.run([sys.executable, "-P", "-m", "mpistrategy.run",
+                        "--check"],
                        env=env, cwd=ROOT, capture_output=True, text=True,
                        timeout=200, check=False, stdin=subprocess.DEVNULL)
   text = out.stdout

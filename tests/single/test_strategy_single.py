@@ -5,6 +5,10 @@ the strategy is a one-replica MultiWorkerMirroredStrategy and Keras takes its
 local code paths.
 """
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -76,3 +80,24 @@ def test_nccl_rejected_on_cpu():
   with pytest.raises(ValueError, match="GPU"):
     MPIStrategy(communication_options=(
         tf.distribute.experimental.CommunicationOptions(implementation=impl)))
+
+
+def test_strategy_keeps_the_options_the_user_started_with(tmp_path):
+  """`init(Options(...))` then `MPIStrategy()`: the strategy uses that engine.
+
+  Run in a fresh interpreter: the engine's options are process-wide.
+  """
+  code = (
+      "import mpistrategy\n"
+      "mpistrategy.init(mpistrategy.Options(stall_timeout_seconds=600))\n"
+      "strategy = mpistrategy.MPIStrategy()\n"
+      "print('TIMEOUT', mpistrategy.current_options().stall_timeout_seconds)\n"
+      "print('REPLICAS', strategy.num_replicas_in_sync)\n")
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith(("OMPI_", "PMIX_", "MPISTRATEGY_"))}
+  out = subprocess.run([sys.executable, "-P", "-c", code], cwd=tmp_path,
+                       env=dict(env, TF_CPP_MIN_LOG_LEVEL="3"),
+                       capture_output=True, text=True, timeout=120,
+                       check=False)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "TIMEOUT 600.0" in out.stdout and "REPLICAS 1" in out.stdout

@@ -10,9 +10,6 @@ import sys
 
 import pytest
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
-
 _PROBE = r"""
 import sys
 import tensorflow as tf
@@ -27,14 +24,13 @@ print(result, tf.config.threading.get_intra_op_parallelism_threads(),
 
 
 def _probe(local_size, cpus, total, touch=False, env=None):
-  full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
-                  PYTHONPATH=_ROOT + os.pathsep + os.environ.get(
-                      "PYTHONPATH", ""))
+  full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+  full_env.pop("PYTHONPATH", None)
   for name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
     full_env.pop(name, None)
   full_env.update(env or {})
   out = subprocess.run(
-      [sys.executable, "-c", _PROBE, str(local_size), str(cpus), str(total),
+      [sys.executable, "-P", "-c", _PROBE, str(local_size), str(cpus), str(total),
        str(int(touch))],
       env=full_env, capture_output=True, text=True, timeout=120, check=True)
   return out.stdout.split()[-3:]

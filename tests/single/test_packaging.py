@@ -1,0 +1,141 @@
+"""The installed package: version, metadata, console script, version contract.
+
+The sdist-to-fresh-venv route is tests/launcher/test_pip_route.py.
+"""
+
+import ast
+import importlib.metadata
+import os
+import subprocess
+import sys
+import sysconfig
+import warnings
+
+import pytest
+
+import mpistrategy
+from mpistrategy import version
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))))
+
+
+def test_version_comes_from_one_place():
+  assert mpistrategy.__version__ == version.__version__
+  assert importlib.metadata.version("mpistrategy") == version.__version__
+  with open(os.path.join(ROOT, "pyproject.toml")) as f:
+    pyproject = f.read()
+  assert 'version = { attr = "mpistrategy.version.__version__" }' in pyproject
+  assert "__version__" not in open(os.path.join(ROOT, "setup.py")).read()
+
+
+def test_metadata_license_and_ranges():
+  meta = importlib.metadata.metadata("mpistrategy")
+  assert meta["Name"] == "mpistrategy"
+  assert meta["License-Expression"] == "Apache-2.0"
+  assert meta["Summary"]
+  requires = importlib.metadata.requires("mpistrategy")
+  tensorflow = [r for r in requires if r.startswith("tensorflow")]
+  # A supported range, never the builder's exact version.
+  assert tensorflow == ["tensorflow<2.22,>=2.21"], requires
+  files = [str(f) for f in importlib.metadata.files("mpistrategy")]
+  assert any(f.endswith("LICENSE") for f in files), files
+  assert "mpistrategy/ops/_mpi_ops.so" in files
+
+
+def test_console_script_runs_the_launcher(tmp_path):
+  script = os.path.join(sysconfig.get_path("scripts"), "mpistrategyrun")
+  assert os.access(script, os.X_OK), script
+  (tmp_path / "train.py").write_text("print('hi')\n")
+  out = subprocess.run([script, "--dry-run", "-np", "2", "train.py"],
+                       cwd=tmp_path, capture_output=True, text=True,
+                       timeout=60, check=False)
+  assert out.returncode == 0, out.stdout + out.stderr
+  assert "mpirun" in out.stdout and "train.py" in out.stdout
+
+
+def test_requirements_pin_a_tested_release():
+  pins = {}
+  with open(os.path.join(ROOT, "requirements.txt")) as f:
+    for line in f:
+      if "==" in line and not line.startswith("#"):
+        name, pin = line.strip().split("==")
+        pins[name] = pin
+  assert version._series(pins["tensorflow"]) in version.TESTED_TENSORFLOW  # pylint: disable=protected-access
+  assert version._series(pins["keras"]) in version.TESTED_KERAS  # pylint: disable=protected-access
+
+
+def test_tested_versions_give_no_message():
+  for tf_series in version.TESTED_TENSORFLOW:
+    for keras_series in version.TESTED_KERAS:
+      assert version.untested_versions_message(
+          tf_series + ".3", keras_series + ".0") is None
+  assert version.untested_versions_message(None, None) is None
+
+
+def test_untested_versions_are_named_with_the_patches():
+  message = version.untested_versions_message("2.22.0", "3.15.1")
+  assert "TensorFlow 2.22.0" in message and "Keras 3.15.1" not in message
+  assert "TensorFlow 2.21.x" in message and "Keras 3.15.x" in message
+  assert "BatchNormalization" in message
+  message = version.untested_versions_message("2.21.0", "3.16.0")
+  assert "Keras 3.16.0" in message and "TensorFlow 2.21.0" not in message
+
+
+def test_import_warns_once_for_an_untested_keras(tmp_path):
+  # A fake `keras` distribution of another release, first on the path.
+  site = tmp_path / "site"
+  info = site / "keras-9.1.0.dist-info"
+  info.mkdir(parents=True)
+  (info / "METADATA").write_text("Metadata-Version: 2.1\nName: keras\n"
+                                 "Version: 9.1.0\n")
+  code = ("import warnings\n"
+          "with warnings.catch_warnings(record=True) as w:\n"
+          "  warnings.simplefilter('always')\n"
+          "  import mpistrategy, mpistrategy.version as v\n"
+          "  v.check_versions()\n"
+          "print(len(w)); print(w[0].message)\n")
+  env = dict(os.environ, PYTHONPATH=str(site))
+  out = subprocess.run([sys.executable, "-P", "-c", code], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=60,
+                       check=True)
+  count, message = out.stdout.split("\n", 1)
+  assert count == "1", out.stdout
+  assert "Keras 9.1.0" in message and "Keras 3.15.x" in message
+
+
+def test_import_with_tested_versions_is_silent():
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    assert version.untested_versions_message(
+        importlib.metadata.version("tensorflow"),
+        importlib.metadata.version("keras")) is None
+
+
+def _bazel_lists():
+  with open(os.path.join(ROOT, "cc", "sources.bzl")) as f:
+    tree = ast.parse(f.read())
+  return {n.targets[0].id: ast.literal_eval(n.value) for n in tree.body
+          if isinstance(n, ast.Assign)}
+
+
+@pytest.mark.parametrize("package,lists", [
+    ("cc/engine", ["ENGINE_COMMON_SRCS", "ENGINE_SRCS"]),
+    ("cc/transport", ["MPI_TRANSPORT_SRCS", "NCCL_TRANSPORT_SRCS"]),
+])
+def test_source_list_has_every_library_file(package, lists):
+  """A new .cc file must go into cc/sources.bzl, or neither build has it."""
+  listed = {f for name in lists for f in _bazel_lists()[name]}
+  present = {f for f in os.listdir(os.path.join(ROOT, package))
+             if f.endswith(".cc") and not f.endswith(("_test.cc", "_check.cc"))
+             and not f.startswith("fake_")}
+  assert present <= listed, sorted(present - listed)
+
+
+def test_source_list_has_every_kernel_file():
+  lists = _bazel_lists()
+  listed = set(lists["KERNEL_SRCS"]) | set(lists["KERNEL_GPU_SRCS"])
+  present = {os.path.join(d, f) for d in ("kernels", "ops")
+             for f in os.listdir(os.path.join(ROOT, "cc", d))
+             if f.endswith(".cc")}
+  assert present <= listed, sorted(present - listed)
