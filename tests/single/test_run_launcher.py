@@ -622,6 +622,8 @@ def test_launcher_starts_without_importing_tensorflow():
 
 
 # --- quiet ranks: mpistrategy._output and python -m mpistrategy.quiet ---------
+# The subprocesses import mpistrategy as the tests do: the installed package,
+# or the caller's PYTHONPATH.
 
 
 def test_rank_comes_from_the_launchers_variables():
@@ -694,7 +696,6 @@ def _quiet_run(tmp_path, environ, code=0):
   env = {k: v for k, v in os.environ.items()
          if not k.startswith(("OMPI_", "PMI", "SLURM_", "MPISTRATEGY_",
                               "PYTHONWARNINGS"))}
-  env["PYTHONPATH"] = ROOT
   env.update(environ)
   return subprocess.run(
       [sys.executable, "-m", "mpistrategy.quiet", sys.executable, str(prog),
@@ -731,7 +732,7 @@ def test_quiet_wrapper_keeps_everything_on_rank_0_or_verbose(tmp_path,
 def test_quiet_wrapper_dies_of_the_childs_signal(tmp_path):
   prog = tmp_path / "killme.py"
   prog.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n")
-  env = dict(os.environ, PYTHONPATH=ROOT, OMPI_COMM_WORLD_RANK="1")
+  env = dict(os.environ, OMPI_COMM_WORLD_RANK="1")
   result = subprocess.run(
       [sys.executable, "-m", "mpistrategy.quiet", sys.executable, str(prog)],
       env=env, capture_output=True, text=True, timeout=60, check=False)
@@ -747,7 +748,7 @@ def test_quiet_wrapper_forwards_sigterm(tmp_path):
       "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
       f"open({str(ready)!r}, 'w').close()\n"
       "time.sleep(60)\n")
-  env = dict(os.environ, PYTHONPATH=ROOT, OMPI_COMM_WORLD_RANK="1")
+  env = dict(os.environ, OMPI_COMM_WORLD_RANK="1")
   proc = subprocess.Popen(
       [sys.executable, "-m", "mpistrategy.quiet", sys.executable, str(prog)],
       env=env)
@@ -767,7 +768,6 @@ def test_import_quiets_python_warnings_on_rank_1_only(tmp_path):
   base = {k: v for k, v in os.environ.items()
           if not k.startswith(("OMPI_", "PMI", "SLURM_", "MPISTRATEGY_",
                                "PYTHONWARNINGS", "TF_CPP"))}
-  base["PYTHONPATH"] = ROOT
   results = {}
   for name, extra in [("rank1", {"OMPI_COMM_WORLD_RANK": "1"}),
                       ("rank0", {"OMPI_COMM_WORLD_RANK": "0"}),
@@ -793,7 +793,7 @@ def test_main_works_as_the_console_script(script):
   """What pip's `mpistrategyrun` wrapper does: sys.exit(main())."""
   wrapper = ("import sys\nfrom mpistrategy.run import main\n"
              "sys.argv[0] = '/venv/bin/mpistrategyrun'\nsys.exit(main())\n")
-  env = dict(os.environ, PYTHONPATH=ROOT)
+  env = dict(os.environ)
   result = subprocess.run([sys.executable, "-c", wrapper, "--help"], env=env,
                           capture_output=True, text=True, timeout=30,
                           check=False)
