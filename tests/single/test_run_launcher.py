@@ -72,7 +72,9 @@ def _main(monkeypatch, capsys, argv, **environ):
 # --- Open MPI ----------------------------------------------------------------
 
 
-def test_openmpi_command(script):
+def test_openmpi_command(monkeypatch, script):
+  # As from a checkout on PYTHONPATH (an installed package: the same).
+  monkeypatch.setattr(run, "_package_parent", lambda: ROOT)
   environ = _environ(LD_LIBRARY_PATH="/opt/lib", NCCL_DEBUG="INFO",
                      CUDA_VISIBLE_DEVICES="0,1", TF_CPP_MIN_LOG_LEVEL="2",
                      MPISTRATEGY_CYCLE_TIME_MS="5", OMPI_MCA_btl="self")
@@ -144,7 +146,9 @@ def test_program_on_path_is_run_as_given(script):
                                "true"]).argv
 
 
-def test_checkout_goes_on_pythonpath_for_the_ranks(script):
+def test_checkout_goes_on_pythonpath_for_the_ranks(monkeypatch, script):
+  # The launcher's mpistrategy comes from a checkout outside site-packages.
+  monkeypatch.setattr(run, "_package_parent", lambda: ROOT)
   environ = _environ()
   del environ["PYTHONPATH"]
   command = _build(["-np", "2", script], environ)
