@@ -166,8 +166,8 @@ def make_parser():
       f"\n       {prog} --check",
       description="Runs a Python training script on N MPI ranks with mpirun "
       "(or srun inside a Slurm allocation), using this interpreter.",
-      epilog="Example: python -m mpistrategy.run -np 4 -H host1:2,host2:2 "
-      "train.py --epochs 3")
+      epilog=f"Example: {prog} -H host1:2,host2:2 train.py --epochs 3 "
+      "(4 ranks)")
   parser.add_argument(
       "-np", "--num-proc", dest="num_proc", type=int, metavar="N",
       help="number of ranks; default: the sum of the slots of -H or of a "

@@ -139,3 +139,35 @@ def test_keras_fit_reads_each_ranks_whole_shard(strategy):
   gathered = ops.allgather(tf.constant(weights[None, :])).numpy()
   for other in gathered:
     np.testing.assert_array_equal(other, gathered[0])
+
+
+@pytest.mark.timeout(300)
+def test_keras_fit_with_uneven_user_shards(strategy):
+  # One element more than PER_RANK * N: rank 0 has one batch more than the
+  # others.  Every rank still reads all of its shard, and no rank waits for
+  # the others in a step they never take.
+  total = PER_RANK * N + 1
+  seen = set()
+  lock = threading.Lock()
+
+  def record(x):
+    with lock:
+      seen.update(x.numpy().tolist())
+    return x
+
+  def features(i):
+    i = tf.py_function(record, [i], tf.int64)
+    i.set_shape([None])
+    x = tf.cast(tf.reshape(i, [-1, 1]), tf.float32) / 1000.0
+    return x, 2.0 * x
+
+  ds = tf.data.Dataset.range(total).shard(N, R).batch(BATCH).map(features)
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+  model.fit(ds, epochs=2, verbose=0)
+  assert sorted(seen) == _my_shard(total), (len(seen),)
+  weights = np.concatenate([w.ravel() for w in model.get_weights()])
+  gathered = ops.allgather(tf.constant(weights[None, :])).numpy()
+  for other in gathered:
+    np.testing.assert_array_equal(other, gathered[0])
