@@ -63,6 +63,16 @@ multi-process `MPIStrategy`, so single-process code is unaffected.
    (a stall timeout, or a rank that shut down or raised), the error gets a
    note naming the call and the rank and stating the rule: every rank must
    make the same Keras/TF calls that communicate.
+
+6. `TFEpochIterator` with a dataset the user sharded per rank (see
+   `MPIStrategy._experimental_distribute_dataset`): Keras sizes each epoch
+   by the tf.data dataset's own cardinality, which differs across ranks when
+   the shards have different lengths, so the rank with fewer batches would
+   end its epoch while the others wait in a training step.  When the
+   distributed dataset's cardinality is unknown (the ranks disagreed; see
+   `strategy._agree_on_cardinality`) but the local one is known, the epoch
+   is sized as unknown, so every rank steps until all are exhausted, as for
+   `distribute_datasets_from_function`.
 """
 
 import tensorflow as tf
@@ -215,6 +225,39 @@ def _world_size():
   return _WORLD["size"]
 
 
+def _patch_epoch_iterator():
+  from keras.src.backend.tensorflow import trainer as tf_trainer  # pylint: disable=g-import-not-at-top
+  from keras.src.trainers.data_adapters import tf_dataset_adapter  # pylint: disable=g-import-not-at-top
+  adapter_cls = tf_dataset_adapter.TFDatasetAdapter
+  original_num_batches = adapter_cls.num_batches
+  iterator_cls = tf_trainer.TFEpochIterator
+  original_init = iterator_cls.__init__
+  if getattr(original_init, "_mpistrategy_patched", False):
+    return
+
+  def num_batches(self):
+    if getattr(self, "_mpistrategy_lengths_differ", False):
+      return None
+    return original_num_batches.fget(self)
+
+  def __init__(self, *args, **kwargs):  # pylint: disable=invalid-name
+    original_init(self, *args, **kwargs)
+    distributed = getattr(self, "_distributed_dataset", None)
+    adapter = getattr(self, "data_adapter", None)
+    if (isinstance(adapter, adapter_cls) and
+        getattr(distributed, "_cardinality", None) ==
+        tf.data.UNKNOWN_CARDINALITY and
+        adapter.num_batches is not None and
+        _is_multi_process(self._distribute_strategy)):  # pylint: disable=protected-access
+      adapter._mpistrategy_lengths_differ = True  # pylint: disable=protected-access
+      self._num_batches = None  # pylint: disable=protected-access
+
+  adapter_cls.num_batches = property(num_batches,
+                                     doc=original_num_batches.__doc__)
+  __init__._mpistrategy_patched = True  # pylint: disable=protected-access
+  iterator_cls.__init__ = __init__
+
+
 # (module, class, label, methods) of the Keras/TF calls that communicate.
 _ENTRY_POINTS = (
     ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer", "Model",
@@ -286,6 +329,9 @@ def install(rank, size):
   if "symbolic_build" not in _INSTALLED:
     _patch_symbolic_build()
     _INSTALLED.add("symbolic_build")
+  if "epoch_iterator" not in _INSTALLED:
+    _patch_epoch_iterator()
+    _INSTALLED.add("epoch_iterator")
   if "entry_points" not in _INSTALLED:
     _patch_entry_points(rank)
     _INSTALLED.add("entry_points")
