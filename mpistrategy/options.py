@@ -123,6 +123,14 @@ class Options:
       make, for the other ranks to make it too; then it fails with
       `tf.errors.DeadlineExceededError` saying so (e.g. code that restores
       on rank 0 only).  A number > 0.  Default 120.
+    verbose: When False (the default), ranks other than 0 hide TensorFlow's
+      C++ INFO/WARNING lines, Python warnings and the "tensorflow"/"absl"
+      loggers' INFO/WARNING records, which every rank would print alike
+      (see `mpistrategy.quiet`); errors are never hidden.  True (or
+      `MPISTRATEGY_VERBOSE=1`, the launcher's `--verbose`) shows
+      everything on every rank.  The start-up lines are decided when
+      mpistrategy is imported, so only the variable (or the launcher)
+      brings those back.
 
   Raises:
     TypeError: A field has the wrong type.
@@ -142,6 +150,7 @@ class Options:
   hierarchical_allreduce: bool = False
   abort_on_exception: bool = True
   checkpoint_read_timeout_seconds: float = 120.0
+  verbose: bool = False
 
   def __post_init__(self):
     _check_int(self, "fusion_threshold_bytes", minimum=0,
@@ -166,7 +175,8 @@ class Options:
                  hint="a number > 0")
     for name in ("timeline", "autotune_log"):
       _check_path(self, name)
-    for name in ("autotune", "hierarchical_allreduce", "abort_on_exception"):
+    for name in ("autotune", "hierarchical_allreduce", "abort_on_exception",
+                 "verbose"):
       value = getattr(self, name)
       if not isinstance(value, bool):
         raise TypeError(

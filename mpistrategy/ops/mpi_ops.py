@@ -27,7 +27,12 @@ because calls of several threads have no order that is the same on every
 rank (their results would silently mix up the threads' values).  Threads
 pass explicit names that agree across ranks and differ between threads.
 
-An explicit `name` is used as-is.
+An explicit `name` is used as-is.  A default name made while a
+communicating Keras call runs (`model.fit`, `evaluate`, `predict`, `save`,
+...; see `mpistrategy.keras_compat`) starts with that call, e.g.
+`Model.evaluate/eager/allreduce` or `Model.fit/Model.evaluate/<graph
+path>/allreduce_1`, so a stall warning or timeout says which Keras call the
+waiting ranks are in, and collectives of different Keras calls never pair.
 
 Every function initializes mpistrategy on first use (`init()` with
 `Options.from_env()`) unless `init` was called before.
@@ -49,6 +54,7 @@ from tensorflow.python.framework import auto_control_deps as _acd  # pylint: dis
 
 from mpistrategy import _tf_threads
 from mpistrategy import compression as compression_lib
+from mpistrategy import _output
 from mpistrategy.ops import _library
 from mpistrategy.options import Options
 
@@ -224,6 +230,8 @@ def _init(options, restart_stopped):
       error_class = _ERRORS_BY_CODE.get(code, tf.errors.UnknownError)
       raise error_class(None, None, f"mpistrategy.init failed: {message}")
     _state.options = resolved
+    if resolved.verbose:
+      _output.undo_quiet()
     _tf_threads.share_cpus(lib.c.mpistrategy_local_size())
     if not _state.atexit_registered:
       # Registered after mpi4py's own exit handler (if mpi4py was imported
@@ -444,11 +452,53 @@ def _tensor_name(name, kind):
   """The name pairing this collective across ranks (see module docstring)."""
   if name is not None:
     return name
+  prefix = "".join(f"{entry}/" for entry in entry_points())
   if tf.executing_eagerly():
     _claim_eager_default_names(kind)
-    return f"eager/{kind}"
+    return f"{prefix}eager/{kind}"
   graph = tf.compat.v1.get_default_graph()
-  return f"{_graph_path(graph)}/{graph.unique_name(kind)}"
+  return f"{prefix}{_graph_path(graph)}/{graph.unique_name(kind)}"
+
+
+# The public calls (e.g. "Model.evaluate") this thread is inside, outermost
+# first; pushed by `entry_point`.
+_entry = threading.local()
+
+
+def entry_points():
+  """The public calls that communicate which this thread is inside.
+
+  Returns:
+    A tuple of str, outermost first, e.g. `("Model.fit", "Model.evaluate")`.
+  """
+  return tuple(getattr(_entry, "stack", ()))
+
+
+class entry_point:  # pylint: disable=invalid-name
+  """`with entry_point("Model.evaluate"):` names the collectives inside.
+
+  Used by `mpistrategy.keras_compat` around Keras' public methods.  A call
+  of the same entry directly inside itself (a subclass's `fit` calling
+  `super().fit`) is recorded once.
+  """
+
+  def __init__(self, name):
+    self._name = name
+    self._pushed = False
+
+  def __enter__(self):
+    stack = getattr(_entry, "stack", None)
+    if stack is None:
+      stack = _entry.stack = []
+    if not stack or stack[-1] != self._name:
+      stack.append(self._name)
+      self._pushed = True
+    return self
+
+  def __exit__(self, *unused_exc):
+    if self._pushed:
+      _entry.stack.pop()
+    return False
 
 
 def _claim_eager_default_names(kind):

@@ -103,6 +103,7 @@ def test_from_env_overrides_every_field():
       "MPISTRATEGY_AUTOTUNE": "yes",
       "MPISTRATEGY_AUTOTUNE_LOG": "/tmp/a.csv",
       "MPISTRATEGY_CHECKPOINT_READ_TIMEOUT_SECONDS": "7.5",
+      "MPISTRATEGY_VERBOSE": "1",
       "HOME": "/root",
   }
   o = Options.from_env(environ=env)
@@ -113,7 +114,7 @@ def test_from_env_overrides_every_field():
                       fusion_wait_ms=0.5, autotune=True,
                       autotune_log="/tmp/a.csv",
                       checkpoint_read_timeout_seconds=7.5,
-                      peer_timeout_seconds=45.0)
+                      peer_timeout_seconds=45.0, verbose=True)
   # Every field has an environment variable.
   assert {f"MPISTRATEGY_{f.name.upper()}" for f in dataclasses.fields(Options)
          } <= set(env)
