@@ -329,3 +329,9 @@ def test_rank0_only_saving_and_evaluation_need_no_other_rank(strategy,
   assert sorted(os.listdir(workdir)) == [
       "r0.keras", "r0.weights.h5", "r0_ckpt.data-00000-of-00001",
       "r0_ckpt.index", "r0_export"]
+  # Rank 0 alone built Keras objects above, which advanced only its
+  # automatic names (`sequential_N`, `dense_N`).  Collectives inside a
+  # tf.function are paired by names that contain them, so the next test's
+  # training would stall; reset the counters on every rank (README: build
+  # the same Keras objects on every rank).
+  keras.backend.clear_session(free_memory=False)
