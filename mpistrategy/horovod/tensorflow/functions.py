@@ -457,20 +457,23 @@ def reducescatter(tensor, device_dense="", compression=Compression.none,
     This rank's rows of the reduction.
   """
   del ignore_name_scope
-  return grouped_reducescatter(
-      [tensor], device_dense=device_dense, compression=compression, op=op,
-      process_set=process_set, prescale_factor=prescale_factor,
-      postscale_factor=postscale_factor, name=name,
-      _fn="hvd.reducescatter")[0]
+  return _reducescatter_list(
+      [tensor], device_dense, compression, op, process_set, prescale_factor,
+      postscale_factor, name, "hvd.reducescatter")[0]
 
 
 def grouped_reducescatter(tensors, device_dense="",
                           compression=Compression.none, op=Average,
                           process_set=None, prescale_factor=1.0,
-                          postscale_factor=1.0, name=None,
-                          _fn="hvd.grouped_reducescatter"):
+                          postscale_factor=1.0, name=None):
   """`reducescatter` of each tensor of a list; returns a list."""
-  fn = _fn
+  return _reducescatter_list(
+      tensors, device_dense, compression, op, process_set, prescale_factor,
+      postscale_factor, name, "hvd.grouped_reducescatter")
+
+
+def _reducescatter_list(tensors, device_dense, compression, op, process_set,
+                        prescale_factor, postscale_factor, name, fn):
   basics.check_initialized()
   basics.check_process_set(process_set, fn)
   _check_device(device_dense, "device_dense", fn)
