@@ -196,14 +196,19 @@ def test_keras_functions_return_numpy():
 
 def test_load_model_keeps_state_and_distributes():
   _, _, local_x, local_y = _data()
+  # Every rank builds and trains the same objects (no collectives: a plain
+  # optimizer): Keras numbers unnamed layers and optimizers per process, and
+  # those names end up in the name scopes that pair collectives across
+  # ranks, so a rank that built extra ones would pair later collectives
+  # wrongly.  Only rank 0 saves.
+  model = _model(seed=1)
+  model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+  model.fit(local_x, local_y, batch_size=LOCAL_BATCH, epochs=1, verbose=0)
   path = None
   if RANK == 0:
-    model = _model(seed=1)
-    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
-    model.fit(local_x, local_y, batch_size=LOCAL_BATCH, epochs=1, verbose=0)
     path = os.path.join(tempfile.mkdtemp(prefix="hvd-keras-"), "m.keras")
     model.save(path)
-  path = hvd_tf.broadcast_object(path, root_rank=0)
+  path = hvd_tf.broadcast_object(path, root_rank=0)  # after rank 0 saved
   loaded = hvd.load_model(path)
   assert isinstance(loaded.optimizer, hvd_gradients._DistributedOptimizerMixin)  # pylint: disable=protected-access
   assert int(loaded.optimizer.iterations.numpy()) == STEPS
