@@ -7,8 +7,8 @@ The driver launches `mpirun -np N` jobs of this script in two modes, in
 turn for `--rounds` rounds (so slow drift of a shared machine affects both
 alike), and prints one table of img/s:
 
-* `horovod`: the training step of Horovod's
-  examples/tensorflow2/tensorflow2_synthetic_benchmark.py, written against
+* `horovod`: the training step of a Horovod TF2 synthetic benchmark
+  (as in examples/horovod/synthetic_benchmark.py), written against
   `mpistrategy.horovod.tensorflow` (`hvd.DistributedGradientTape`, SGD(0.01),
   `hvd.broadcast_variables` after the first step): a Horovod script after
   its one-line migration.
