@@ -24,6 +24,7 @@ ENGINE_SRCS = [
     "logging.h",
     "message.cc",
     "negotiator.cc",
+    "peer_monitor.cc",
     "response_cache.cc",
     "stall_inspector.cc",
     "timeline.cc",

@@ -13,10 +13,14 @@ ops (`mpistrategy.ops`) can also be used without the strategy.
 
 import importlib
 
+from mpistrategy import _output
 from mpistrategy import version as _version
 from mpistrategy.options import Options
 from mpistrategy.version import __version__
 
+# Under mpirun: whole output lines, and ranks other than 0 stay quiet (before
+# anything here imports TensorFlow or warns; see mpistrategy/_output.py).
+_output.setup_this_process()
 _version.check_versions()
 
 # Everything else is imported on first use (PEP 562), so that tools which do

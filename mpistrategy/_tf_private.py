@@ -28,6 +28,8 @@ from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.distribute import values_util
 from tensorflow.python.distribute.cluster_resolver import cluster_resolver as cluster_resolver_lib
 from tensorflow.python.eager import context
+from tensorflow.python.saved_model import load as saved_model_load
+from tensorflow.python.saved_model import save as saved_model_save
 from tensorflow.python.trackable import base as trackable_base
 
 CollectiveAllReduceExtended = (

@@ -3,45 +3,74 @@
 `MPIStrategy.__init__` calls `install()`.  In a multi-process run (world size
 > 1) it patches, once per process:
 
-* **Writes** -- `tf.train.Checkpoint.write/save` (`Checkpoint._write`), Keras
+* **Writes** -- `tf.train.Checkpoint.write/save` (`Checkpoint._write`),
+  `tf.train.CheckpointManager`, `tf.saved_model.save` (TF's
+  `save_and_return_nodes`, which `Model.export` also reaches), Keras
   `ModelCheckpoint`, `BackupAndRestore`, `Model.save`, `Model.save_weights`,
-  `Model.export` and `keras.saving.save_model`, and
-  `tf.train.CheckpointManager` (not `tf.saved_model.save`):
-  every rank runs the same save code (saving may read `SyncOnRead` variables,
-  which is a collective, so a rank that skipped saving would leave the others
-  hanging), but only rank 0 writes the path the user gave.  Ranks > 0 write
-  to a private scratch mirror of that path, `<scratch>/rank<r>/<abs path>`,
-  where `<scratch>` is a per-process temporary directory removed at exit.
-  Return values (e.g. the path returned by `Checkpoint.save`) are the user's
-  path on every rank.
-* **Reads** -- `tf.train.Checkpoint.read/restore`, `BackupAndRestore`'s
-  resume and `CheckpointManager.restore_or_initialize`: rank 0 decides what to
-  read (its `save_path`, whether a backup exists) and broadcasts the bytes of
-  the files, which ranks > 0 put in their scratch mirror and read from there.
-  Every rank therefore restores rank 0's state and takes the same branch, and
-  no shared file system is needed.  (Files travel through
-  `mpistrategy.ops.broadcast`; they must fit in memory.)  Reads are
-  therefore collective: every rank must call them, also in code that
-  saves on rank 0 only.  A `CheckpointManager` on ranks > 0 starts from
-  rank 0's state file when it can read it (same host or shared file
-  system), so `latest_checkpoint` and `checkpoints` agree with rank 0's.
+  `Model.export` and `keras.saving.save_model`.  Every rank runs the same
+  save code (saving may read `SyncOnRead` variables, which is a collective,
+  so a rank that skipped saving would leave the others hanging), but only
+  rank 0 writes the path the user gave.  Ranks > 0 write to a private
+  scratch mirror of that path, `<scratch>/<abs path>`, where `<scratch>`
+  is a per-process temporary directory (`$TMPDIR/mpistrategy-rank<r>-*`)
+  removed at exit, and
+  make the directory a `CheckpointManager` was given (so code that deletes
+  a non-chief worker's own directory, as the TF tutorials do, works).
+  Return values (the path returned by `Checkpoint.save`, `CheckpointManager`
+  paths) are the user's path on every rank.
+* **Atomic writes on rank 0** -- every write above goes to a temporary name
+  in the same directory (`.mpistrategy-tmp-<hex>-<name>`), is fsynced, and
+  then replaces the user's file with a rename; a directory (SavedModel) is
+  swapped in with `renameat2(RENAME_EXCHANGE)`.  Keras files (`.keras`,
+  `.weights.h5`) are first written into this process' scratch directory
+  and copied: h5py cannot fail cleanly on a full disk.  At every instant the
+  previous file or directory, or the new complete one, is under the user's
+  name; a failed write (e.g. ENOSPC) removes its temporary files and leaves
+  the previous copy as it was.  (`Checkpoint.write` to a fixed prefix
+  renames the data shards and then the index: between those two renames
+  the pair is inconsistent; `Checkpoint.save` and `CheckpointManager` write
+  new prefixes and switch with the atomic `checkpoint` state file.)
+* **Reads into the strategy's variables are collective** --
+  `tf.train.Checkpoint.read/restore`, `Model.load_weights` of a model
+  built under the strategy, `BackupAndRestore`'s resume and
+  `CheckpointManager.restore_or_initialize`: rank 0 decides what to read
+  (its `save_path`, whether a backup exists) and broadcasts the bytes of
+  the files, which ranks > 0 put in their scratch mirror and read from
+  there.  Every rank therefore restores rank 0's state and takes the same
+  branch, and no shared file system is needed.  (Files travel through
+  `mpistrategy.ops.broadcast`; they must fit in memory.)  Every rank must
+  make such a call: one made on some ranks only (the Horovod habit
+  `if rank == 0: checkpoint.restore(...)`) fails on the ranks that made it
+  with `DeadlineExceededError` after `Options.checkpoint_read_timeout_seconds`
+  (default 120) saying so, instead of hanging.
+* **Other reads are local** -- `keras.models.load_model`,
+  `tf.saved_model.load`, `tf.train.latest_checkpoint` and `load_weights`
+  of a model outside the strategy read this rank's file system, as in
+  single-process code (so evaluating on rank 0 only works).  On ranks > 0
+  they read this rank's own scratch copy of a path it saved itself, while
+  the directory the user named for it exists: a rank reads back what it
+  has just saved, per-rank path or shared path, and never a file rank 0
+  is still writing.
 
 A killed and restarted job resumes from rank 0's `BackupAndRestore` backup on
-every rank, at the same epoch, with identical weights.
-
-Paths the user reads directly (`model.load_weights(path)`,
-`keras.models.load_model(path)`) are read by each rank from its own file
-system, as in single-process code; with several hosts the path must be on a
-shared file system, and a rank that reads what rank 0 just saved must wait
-for it (`mpistrategy.ops.barrier()`).  Code that saves on rank 0 only
-(Horovod style) keeps working: the patched writes communicate nothing.
+every rank, at the same epoch, with identical weights.  Code that saves on
+rank 0 only (Horovod style) keeps working: the patched writes communicate
+nothing.
 """
 
 import atexit
 import contextlib
+import copy
+import ctypes
+import errno
+import glob
 import os
+import re
 import shutil
+import sys
 import tempfile
+import threading
+import uuid
 
 import numpy as np
 import tensorflow as tf
@@ -49,6 +78,11 @@ import tensorflow as tf
 from mpistrategy import _tf_private as _tfp
 
 _STATE = {"rank": 0, "size": 1, "scratch": None, "installed": set()}
+# Per thread: nesting depth of patched writes (only the outermost one
+# redirects or makes the write atomic), and whether reads are local.
+_LOCAL = threading.local()
+_TMP_TAG = ".mpistrategy-tmp-"
+_DEFAULT_READ_TIMEOUT = 120.0  # Options.checkpoint_read_timeout_seconds
 
 
 def _active():
@@ -108,6 +142,321 @@ def _unmirror(path):
   if path.startswith(root + os.sep):
     return os.sep + path[len(root) + 1:]
   return path
+
+
+def _is_path(path):
+  return isinstance(path, (str, os.PathLike))
+
+
+def _is_local(path):
+  return _is_path(path) and "://" not in os.fspath(path)
+
+
+def _read_path(path):
+  """The path a local read of the user's `path` opens on this rank.
+
+  Ranks > 0 read their own scratch copy of a path they saved themselves
+  (it is complete, unlike a file rank 0 may be replacing, and it exists
+  also when each rank saved to a path of its own), as long as the
+  directory the user named for it still exists: after the user deleted
+  that directory, the read fails as it would in one process.
+
+  Args:
+    path: the path the user passed to a loader.
+
+  Returns:
+    `path`, or its mirror.
+  """
+  if not _active() or _is_chief() or not _is_local(path):
+    return path
+  mirrored = mirror_path(path)
+  parent = os.path.dirname(os.path.abspath(os.fspath(path)))
+  if (mirrored != os.fspath(path) and os.path.lexists(mirrored) and
+      os.path.isdir(parent)):
+    return mirrored
+  return path
+
+
+def _mirror_for_write(path):
+  """`mirror_path(path)` with its parent directory made, for paths only."""
+  if not _active() or _is_chief() or not _is_path(path):
+    return path
+  mirrored = mirror_path(path)
+  tf.io.gfile.makedirs(os.path.dirname(mirrored))
+  return mirrored
+
+
+# ------------------------------------------------------ atomic writes
+
+
+def _temp_sibling(path):
+  """A fresh name next to `path` that ends like it (Keras checks suffixes)."""
+  directory, base = os.path.split(os.path.abspath(path))
+  return os.path.join(directory, "%s%s-%s" % (_TMP_TAG, uuid.uuid4().hex[:12],
+                                               base))
+
+
+def _fsync(path, directory=False):
+  try:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+  except OSError:
+    if directory:
+      return
+    raise
+  try:
+    os.fsync(fd)
+  except OSError as e:
+    # Some file systems cannot fsync a directory; file data errors count.
+    if not directory or e.errno not in (errno.EINVAL, errno.EBADF):
+      raise
+  finally:
+    os.close(fd)
+
+
+def _sync_tree(path):
+  """fsyncs a file, or every file and directory under `path`."""
+  if not os.path.isdir(path) or os.path.islink(path):
+    _fsync(path)
+    return
+  for root, _, files in os.walk(path):
+    for name in files:
+      full = os.path.join(root, name)
+      if not os.path.islink(full):
+        _fsync(full)
+    _fsync(root, directory=True)
+
+
+def _remove_quietly(path):
+  try:
+    if os.path.isdir(path) and not os.path.islink(path):
+      shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+      os.remove(path)
+  except OSError:
+    pass
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+_RENAMEAT2 = []
+
+
+def _exchange(a, b):
+  """Atomically swaps paths `a` and `b`; False where the OS cannot."""
+  if not _RENAMEAT2:
+    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if fn is not None:
+      fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int,
+                     ctypes.c_char_p, ctypes.c_uint]
+      fn.restype = ctypes.c_int
+    _RENAMEAT2.append(fn)
+  fn = _RENAMEAT2[0]
+  if fn is None:
+    return False
+  if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b),
+        _RENAME_EXCHANGE) == 0:
+    return True
+  err = ctypes.get_errno()
+  if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+    return False
+  raise OSError(err, os.strerror(err), a, None, b)
+
+
+def _move_into_place(tmp, path):
+  """Makes the complete `tmp` appear as `path`, replacing what was there."""
+  parent = os.path.dirname(os.path.abspath(path))
+  new_is_dir = os.path.isdir(tmp) and not os.path.islink(tmp)
+  old_is_dir = os.path.isdir(path) and not os.path.islink(path)
+  if not new_is_dir and not old_is_dir:
+    os.replace(tmp, path)  # atomic
+  elif new_is_dir and old_is_dir and _exchange(tmp, path):
+    shutil.rmtree(tmp, ignore_errors=True)  # `tmp` now holds the old copy
+  else:
+    # No atomic swap here: move the old one aside for the shortest time.
+    old = None
+    if os.path.lexists(path):
+      old = _temp_sibling(path)
+      os.rename(path, old)
+    try:
+      os.rename(tmp, path)
+    except BaseException:
+      if old is not None:
+        os.rename(old, path)
+      raise
+    if old is not None:
+      _remove_quietly(old)
+  _fsync(parent, directory=True)
+
+
+@contextlib.contextmanager
+def _outermost_write():
+  depth = getattr(_LOCAL, "write_depth", 0)
+  _LOCAL.write_depth = depth + 1
+  try:
+    yield depth == 0
+  finally:
+    _LOCAL.write_depth = depth
+
+
+@contextlib.contextmanager
+def _late_errors():
+  """Collects errors reported from destructors during a write.
+
+  h5py reports a failed write at file close (e.g. ENOSPC while flushing)
+  from an object's destructor, through `sys.excepthook` or
+  `sys.unraisablehook`, and the Keras call then returns as if it had
+  succeeded, leaving a truncated file.  The hooks still run (with
+  `abort_on_exception` the job ends there, naming this rank and the
+  error); if they return, the write counts as failed.
+
+  Yields:
+    A list that receives those exceptions.
+  """
+  late = []
+  hooks = sys.excepthook, sys.unraisablehook
+
+  def excepthook(exc_type, exc, tb):
+    late.append(exc)
+    hooks[0](exc_type, exc, tb)
+
+  def unraisablehook(unraisable):
+    late.append(unraisable.exc_value)
+    hooks[1](unraisable)
+
+  sys.excepthook, sys.unraisablehook = excepthook, unraisablehook
+  try:
+    yield late
+  finally:
+    sys.excepthook, sys.unraisablehook = hooks
+
+
+def _as_os_error(error):
+  """`error` as an OSError with its errno, where its text names one."""
+  match = re.search(r"errno = (\d+)", str(error))
+  if match is None:
+    return error
+  code = int(match.group(1))
+  return OSError(code, "%s (%s: %s)" % (os.strerror(code),
+                                        type(error).__name__, error))
+
+
+def _copy_tree(source, destination):
+  if os.path.isdir(source) and not os.path.islink(source):
+    shutil.copytree(source, destination, symlinks=True)
+  else:
+    shutil.copyfile(source, destination, follow_symlinks=False)
+
+
+def _write_atomically(path, write, stage=False):
+  """Rank 0: `write(tmp)` next to `path`, then moves it into place.
+
+  Args:
+    path: the user's local path (file or directory).
+    write: callable taking the path to write; its result is returned.
+    stage: write into this process' scratch directory first and copy the
+      result next to `path`.  For h5py, which cannot fail cleanly when the
+      destination fills up (it reports the error from a destructor and may
+      then crash); the copy fails with an ordinary `OSError`.
+
+  Returns:
+    `write`'s result, with the temporary name replaced by `path`.
+  """
+  path = os.fspath(path)
+  tmp = _temp_sibling(path)
+  staged = None
+  if stage:
+    staged = os.path.join(_scratch_root(), "stage-" + uuid.uuid4().hex[:12])
+    os.makedirs(staged)
+  target = tmp if staged is None else os.path.join(staged,
+                                                   os.path.basename(path))
+  try:
+    with _late_errors() as late:
+      result = write(target)
+    if late:
+      error = _as_os_error(late[0])
+      if error is late[0]:
+        raise error
+      raise error from late[0]
+    if os.path.lexists(target):
+      if staged is not None:
+        _copy_tree(target, tmp)
+      _sync_tree(tmp)
+      _move_into_place(tmp, path)
+  except BaseException:
+    _remove_quietly(tmp)
+    raise
+  finally:
+    if staged is not None:
+      _remove_quietly(staged)
+  if isinstance(result, str) and result.startswith(target):
+    result = path + result[len(target):]
+  return result
+
+
+def _write_for_user(path, write, atomic=True, stage=False):
+  """Runs the user's write of `path` the way this rank must do it.
+
+  Rank 0 writes `path` itself, atomically where it can; ranks > 0 write
+  their scratch mirror.  Nested patched writes (`Model.save` calls
+  `save_model`, `Model.export` calls `tf.saved_model.save`) pass through.
+
+  Args:
+    path: the path the user gave.
+    write: callable taking the path to actually write.
+    atomic: False where the write must go to `path` itself (e.g. Keras'
+      overwrite prompt, sharded weights).
+    stage: see `_write_atomically`.
+
+  Returns:
+    `write`'s result.
+  """
+  if not _active() or not _is_path(path):
+    return write(path)
+  with _outermost_write() as outermost:
+    if not outermost:
+      return write(path)
+    if not _is_chief():
+      return write(_mirror_for_write(path))
+    parent = os.path.dirname(os.path.abspath(os.fspath(path)))
+    if not atomic or not _is_local(path) or not os.path.isdir(parent):
+      return write(path)  # nothing to protect, or not a local file system
+    return _write_atomically(path, write, stage=stage)
+
+
+def _write_tf_checkpoint_atomically(orig_write, ckpt, prefix, options):
+  """Rank 0's `Checkpoint._write`: files under a temporary prefix, renamed.
+
+  The write callbacks (`Checkpoint.save`'s and `CheckpointManager`'s state
+  file updates) run after the rename, with the user's prefix.
+  """
+  prefix = os.fspath(prefix)
+  tmp = _temp_sibling(prefix)
+  callbacks = None
+  if options is not None and options.experimental_write_callbacks:
+    options = copy.copy(options)
+    callbacks = options.experimental_write_callbacks
+    options.experimental_write_callbacks = None
+  try:
+    orig_write(ckpt, tmp, options)
+    produced = sorted(glob.glob(glob.escape(tmp) + ".*"))
+    for f in produced:
+      _sync_tree(f)
+    # Data shards first, the index (which names them) last.
+    produced.sort(key=lambda f: f.endswith(".index"))
+    final = [prefix + f[len(tmp):] for f in produced]
+    for f, to in zip(produced, final):
+      os.replace(f, to)
+    for old in glob.glob(glob.escape(prefix) + ".data-*"):
+      if old not in final:  # shards of an older checkpoint of this prefix
+        _remove_quietly(old)
+    _fsync(os.path.dirname(os.path.abspath(prefix)), directory=True)
+  except BaseException:
+    for f in glob.glob(glob.escape(tmp) + "*"):
+      _remove_quietly(f)
+    raise
+  if callbacks:
+    _tfp.tf_checkpoint._execute_callbacks(callbacks, prefix)  # pylint: disable=protected-access
+  return prefix
 
 
 # ------------------------------------------------------------ broadcasting
@@ -175,6 +524,60 @@ def _sync_prefix(prefix):
   _sync_files([os.path.join(directory, n) for n in names])
 
 
+def _read_timeout():
+  from mpistrategy import ops  # pylint: disable=g-import-not-at-top
+  options = ops.current_options()
+  return (options.checkpoint_read_timeout_seconds if options is not None else
+          _DEFAULT_READ_TIMEOUT)
+
+
+def _join_read(what):
+  """Waits until every rank has entered the collective read `what`.
+
+  A read into the strategy's variables must be made by every rank.  When
+  some rank never makes it (`if rank == 0: checkpoint.restore(p)`), the
+  ranks that did would wait forever; instead they fail after the read
+  timeout, saying why.  (The barrier itself stays posted; the job cannot
+  continue after this error, and with `abort_on_exception` it ends.)
+
+  Args:
+    what: the user's call, for the message.
+
+  Raises:
+    tf.errors.DeadlineExceededError: the other ranks did not join in time.
+  """
+  from mpistrategy import ops  # pylint: disable=g-import-not-at-top
+  timeout = _read_timeout()
+  box = {}
+
+  def run():
+    try:
+      ops.barrier(name="MPICheckpointRead/join")
+      box["done"] = True
+    except BaseException as e:  # pylint: disable=broad-except
+      box["error"] = e
+
+  thread = threading.Thread(target=run, name="mpistrategy-checkpoint-read",
+                            daemon=True)
+  thread.start()
+  thread.join(timeout)
+  if "error" in box:
+    raise box["error"]
+  if "done" not in box:
+    raise tf.errors.DeadlineExceededError(
+        None, None,
+        "mpistrategy: rank %d waited %g s in %s for the other ranks, which "
+        "did not make the same call. Under MPIStrategy a read into the "
+        "strategy's variables is collective: every rank must call it (rank "
+        "0 chooses the files and sends them to the others, so no shared "
+        "file system is needed). Code that restores on rank 0 only (the "
+        "Horovod habit `if rank == 0: ...restore(...)`) must make the call "
+        "on every rank; saving on rank 0 only needs no change. To wait "
+        "longer, set Options.checkpoint_read_timeout_seconds "
+        "(MPISTRATEGY_CHECKPOINT_READ_TIMEOUT_SECONDS)." %
+        (_STATE["rank"], timeout, what))
+
+
 # ----------------------------------------------------------- tf.train.*
 
 
@@ -192,8 +595,16 @@ def _patch_tf_checkpoint():
   orig_write, orig_read = cls._write, cls.read  # pylint: disable=protected-access
 
   def _write(self, file_prefix, options=None):
-    if not _active() or _is_chief():
+    if not _active():
       return orig_write(self, file_prefix, options)
+    if _is_chief():
+      if (not _is_local(file_prefix) or
+          (options is not None and options.experimental_enable_async_checkpoint)
+          or not os.path.isdir(os.path.dirname(
+              os.path.abspath(os.fspath(file_prefix))))):
+        return orig_write(self, file_prefix, options)
+      return _write_tf_checkpoint_atomically(orig_write, self, file_prefix,
+                                             options)
     if isinstance(file_prefix, tf.Tensor):  # e.g. an argument of a tf.function
       local = _mirror_path_tensor(file_prefix)
     else:
@@ -212,6 +623,7 @@ def _patch_tf_checkpoint():
   def read(self, save_path, options=None):
     if not _active():
       return orig_read(self, save_path, options)
+    _join_read("tf.train.Checkpoint.read/restore")
     # Rank 0 decides the path; its files are what every rank restores.
     save_path = _bcast_str(save_path)
     if save_path is None:
@@ -224,6 +636,7 @@ def _patch_tf_checkpoint():
 
   mgr = _tfp.checkpoint_management.CheckpointManager
   orig_init, orig_roi = mgr.__init__, mgr.restore_or_initialize
+  orig_save = mgr.save
 
   def __init__(self, checkpoint, directory, *args, **kwargs):
     # Ranks > 0 keep their manager (state file, numbering, deletion of old
@@ -233,14 +646,32 @@ def _patch_tf_checkpoint():
     # 0's and code like `if manager.latest_checkpoint: restore(...)` takes
     # the same branch everywhere.  Nothing is communicated: managers made on
     # rank 0 only keep working.
+    self._mpistrategy_directory = None
     mirror = mirror_path(directory)
     if mirror != os.fspath(directory):
+      self._mpistrategy_directory = os.fspath(directory)
       _copy_state_file(os.fspath(directory), mirror)
     orig_init(self, checkpoint, mirror, *args, **kwargs)
+
+  def _users(self, path):
+    """`path` in the manager's mirror, as a path in the user's directory."""
+    user_dir = getattr(self, "_mpistrategy_directory", None)
+    if path is None or user_dir is None:
+      return path
+    return os.path.join(user_dir, os.path.basename(path))
+
+  def save(self, *args, **kwargs):
+    user_dir = getattr(self, "_mpistrategy_directory", None)
+    if user_dir is not None and _is_local(user_dir):
+      # Under MultiWorkerMirroredStrategy this rank's save creates the
+      # directory; scripts then delete it (`tf.io.gfile.rmtree`).
+      tf.io.gfile.makedirs(user_dir)
+    return _users(self, orig_save(self, *args, **kwargs))
 
   def restore_or_initialize(self):
     if not _active():
       return orig_roi(self)
+    _join_read("tf.train.CheckpointManager.restore_or_initialize")
     # Rank 0's latest checkpoint decides the branch on every rank.
     latest = _bcast_str(_unmirror(self._latest_checkpoint))  # pylint: disable=protected-access
     if latest is None:
@@ -252,11 +683,86 @@ def _patch_tf_checkpoint():
       # As TF's version: the interval counts from the restored step.
       self._last_checkpoint_step = _tfp.checkpoint_management._evaluate(  # pylint: disable=protected-access
           self._step_counter)  # pylint: disable=protected-access
-    return latest
+    return _users(self, latest)
 
   __init__.__doc__ = orig_init.__doc__
+  save.__doc__ = orig_save.__doc__
   restore_or_initialize.__doc__ = orig_roi.__doc__
   mgr.__init__, mgr.restore_or_initialize = __init__, restore_or_initialize
+  mgr.save = save
+
+  # The user's paths, not the mirror's, from the manager's properties.
+  orig_directory = mgr.directory
+  mgr.directory = property(
+      lambda self: (getattr(self, "_mpistrategy_directory", None) or
+                    orig_directory.fget(self)), doc=orig_directory.__doc__)
+  orig_latest = mgr.latest_checkpoint
+  mgr.latest_checkpoint = property(
+      lambda self: (orig_latest.fget(self)
+                    if getattr(self, "_mpistrategy_raw", False) else
+                    _users(self, orig_latest.fget(self))),
+      doc=orig_latest.__doc__)
+  orig_record_state = mgr._record_state  # pylint: disable=protected-access
+
+  def _record_state(self):
+    # TF's state file records the manager's own (mirror) paths.
+    self._mpistrategy_raw = True
+    try:
+      return orig_record_state(self)
+    finally:
+      self._mpistrategy_raw = False
+
+  mgr._record_state = _record_state  # pylint: disable=protected-access
+  orig_checkpoints = mgr.checkpoints
+  mgr.checkpoints = property(
+      lambda self: [_users(self, p) for p in orig_checkpoints.fget(self)],
+      doc=orig_checkpoints.__doc__)
+
+  # tf.train.latest_checkpoint on a directory this rank saved into itself.
+  cm = _tfp.checkpoint_management
+  orig_latest_checkpoint = cm.latest_checkpoint
+
+  def latest_checkpoint(checkpoint_dir, latest_filename=None):
+    if _active() and not _is_chief() and _is_local(checkpoint_dir):
+      directory = os.fspath(checkpoint_dir)
+      mirror = mirror_path(directory)
+      state = os.path.join(mirror, latest_filename or "checkpoint")
+      if (mirror != directory and os.path.isdir(directory) and
+          os.path.exists(state)):
+        found = orig_latest_checkpoint(mirror, latest_filename)
+        return (None if found is None else
+                os.path.join(directory, os.path.relpath(found, mirror)))
+    return orig_latest_checkpoint(checkpoint_dir, latest_filename)
+
+  latest_checkpoint.__doc__ = orig_latest_checkpoint.__doc__
+  cm.latest_checkpoint = latest_checkpoint
+  for namespace in (tf.train, tf.compat.v1.train):
+    if getattr(namespace, "latest_checkpoint", None) is orig_latest_checkpoint:
+      namespace.latest_checkpoint = latest_checkpoint
+
+
+def _patch_saved_model():
+  # `tf.saved_model.save` and Keras' `Model.export` both end in this
+  # module-level function (looked up at call time), so hooking it holds
+  # whichever name the user called.
+  module = _tfp.saved_model_save
+  orig_save = module.save_and_return_nodes
+
+  def save_and_return_nodes(obj, export_dir, *args, **kwargs):
+    return _write_for_user(export_dir,
+                           lambda p: orig_save(obj, p, *args, **kwargs))
+
+  save_and_return_nodes.__doc__ = orig_save.__doc__
+  module.save_and_return_nodes = save_and_return_nodes
+
+  load_module = _tfp.saved_model_load
+  orig_load_partial = load_module.load_partial
+
+  def load_partial(export_dir, *args, **kwargs):
+    return orig_load_partial(_read_path(export_dir), *args, **kwargs)
+
+  load_partial.__doc__ = orig_load_partial.__doc__
+  load_module.load_partial = load_partial
 
 
 # ---------------------------------------------------------------- Keras
@@ -278,9 +784,21 @@ def _swapped(obj, attrs):
       setattr(obj, a, v)
 
 
+@contextlib.contextmanager
+def _local_reads():
+  """Reads inside already read rank 0's files (no second broadcast)."""
+  before = getattr(_LOCAL, "local_reads", False)
+  _LOCAL.local_reads = True
+  try:
+    yield
+  finally:
+    _LOCAL.local_reads = before
+
+
 def _patch_keras_callbacks():
   from keras.src.callbacks import backup_and_restore  # pylint: disable=g-import-not-at-top
   from keras.src.callbacks import model_checkpoint  # pylint: disable=g-import-not-at-top
+  from keras.src.utils import file_utils  # pylint: disable=g-import-not-at-top
 
   bar = backup_and_restore.BackupAndRestore
   orig_begin, orig_save, orig_end = (bar.on_train_begin, bar._save_model,  # pylint: disable=protected-access
@@ -293,13 +811,37 @@ def _patch_keras_callbacks():
       return fn(self, *args)
 
   def on_train_begin(self, logs=None):
-    if _active():
-      # Every rank resumes from rank 0's backup (same epoch, same weights).
-      _sync_files([getattr(self, a) for a in _BAR_ATTRS[1:]])
-    return _call(orig_begin, self, logs)
+    if not _active():
+      return orig_begin(self, logs)
+    _join_read("BackupAndRestore (fit's start)")
+    # Every rank resumes from rank 0's backup (same epoch, same weights).
+    _sync_files([getattr(self, a) for a in _BAR_ATTRS[1:]])
+    with _local_reads():
+      return _call(orig_begin, self, logs)
 
   def _save_model(self):
-    return _call(orig_save, self)
+    if not _active() or not _is_chief():
+      return _call(orig_save, self)
+    final = self._training_metadata_path  # pylint: disable=protected-access
+    if not _is_local(final):
+      return orig_save(self)
+    # The weights file is replaced atomically by the patched save_weights;
+    # the metadata goes to a temporary file, renamed over the old one.
+    if (getattr(self, "double_checkpoint", False) and
+        file_utils.exists(final)):
+      file_utils.copy(final, self._prev_training_metadata_path)  # pylint: disable=protected-access
+    tmp = _temp_sibling(final)
+    self._training_metadata_path = tmp  # pylint: disable=protected-access
+    try:
+      orig_save(self)
+      _sync_tree(tmp)
+      os.replace(tmp, final)
+      _fsync(os.path.dirname(os.path.abspath(final)), directory=True)
+    except BaseException:
+      _remove_quietly(tmp)
+      raise
+    finally:
+      self._training_metadata_path = final  # pylint: disable=protected-access
 
   def on_train_end(self, logs=None):
     return _call(orig_end, self, logs)
@@ -319,13 +861,20 @@ def _patch_keras_callbacks():
   mc._save_model = mc_save_model  # pylint: disable=protected-access
 
 
-def _mirror_for_write(path):
-  """`mirror_path(path)` with its parent directory made, for paths only."""
-  if not _active() or _is_chief() or not isinstance(path, (str, os.PathLike)):
-    return path
-  mirrored = mirror_path(path)
-  tf.io.gfile.makedirs(os.path.dirname(mirrored))
-  return mirrored
+def _may_replace(filepath, args, kwargs, overwrite_index=0):
+  """False when Keras must see the user's path (its overwrite prompt)."""
+  overwrite = kwargs.get("overwrite", args[overwrite_index]
+                         if len(args) > overwrite_index else True)
+  return bool(overwrite) or not (_is_path(filepath) and
+                                 os.path.lexists(os.fspath(filepath)))
+
+
+def _in_mpi_strategy(model):
+  """True if `model` was built under a multi-process MPIStrategy."""
+  from mpistrategy import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  s = getattr(model, "_distribute_strategy", None)
+  return (isinstance(s, strategy_lib.MPIStrategy) and
+          s.extended._num_workers > 1)  # pylint: disable=protected-access
 
 
 def _patch_keras_model_saving():
@@ -334,11 +883,17 @@ def _patch_keras_model_saving():
   orig_save, orig_save_weights = cls.save, cls.save_weights
 
   def save(self, filepath, *args, **kwargs):
-    return orig_save(self, _mirror_for_write(filepath), *args, **kwargs)
+    return _write_for_user(
+        filepath, lambda p: orig_save(self, p, *args, **kwargs),
+        atomic=_may_replace(filepath, args, kwargs), stage=True)
 
   def save_weights(self, filepath, *args, **kwargs):
-    return orig_save_weights(self, _mirror_for_write(filepath), *args,
-                             **kwargs)
+    sharded = kwargs.get("max_shard_size", args[1] if len(args) > 1 else None)
+    return _write_for_user(
+        filepath, lambda p: orig_save_weights(self, p, *args, **kwargs),
+        # Sharded weights are several files named after the path.
+        atomic=_may_replace(filepath, args, kwargs) and sharded is None,
+        stage=True)
 
   save.__doc__, save_weights.__doc__ = orig_save.__doc__, orig_save_weights.__doc__
   cls.save, cls.save_weights = save, save_weights
@@ -346,23 +901,55 @@ def _patch_keras_model_saving():
   orig_export = cls.export
 
   def export(self, filepath, *args, **kwargs):
-    return orig_export(self, _mirror_for_write(filepath), *args, **kwargs)
+    return _write_for_user(filepath,
+                           lambda p: orig_export(self, p, *args, **kwargs))
 
   export.__doc__ = orig_export.__doc__
   cls.export = export
 
-  # The function form, under each public name it has.
+  orig_load_weights = cls.load_weights
+
+  def load_weights(self, filepath, *args, **kwargs):
+    if (not _active() or getattr(_LOCAL, "local_reads", False) or
+        not _in_mpi_strategy(self)):
+      return orig_load_weights(self, _read_path(filepath), *args, **kwargs)
+    # Into mirrored variables: collective, rank 0's file on every rank.
+    _join_read("Model.load_weights")
+    path = _bcast_str(os.fspath(filepath) if _is_chief() else None)
+    is_file = _bcast_str("1" if _is_chief() and os.path.isfile(path) else
+                         "0") == "1"
+    if not is_file:  # a directory (or missing): every rank reads its own
+      return orig_load_weights(self, _read_path(filepath), *args, **kwargs)
+    _sync_files([path])
+    return orig_load_weights(self, mirror_path(path), *args, **kwargs)
+
+  load_weights.__doc__ = orig_load_weights.__doc__
+  cls.load_weights = load_weights
+
+  # The function forms, under each public name they have.
   import keras  # pylint: disable=g-import-not-at-top
   from keras.src.saving import saving_api  # pylint: disable=g-import-not-at-top
   orig_save_model = saving_api.save_model
 
   def save_model(model, filepath, *args, **kwargs):
-    return orig_save_model(model, _mirror_for_write(filepath), *args, **kwargs)
+    return _write_for_user(
+        filepath, lambda p: orig_save_model(model, p, *args, **kwargs),
+        atomic=_may_replace(filepath, args, kwargs), stage=True)
 
   save_model.__doc__ = orig_save_model.__doc__
   for module in (saving_api, keras.saving, keras.models):
     if getattr(module, "save_model", None) is orig_save_model:
       module.save_model = save_model
+
+  orig_load_model = saving_api.load_model
+
+  def load_model(filepath, *args, **kwargs):
+    return orig_load_model(_read_path(filepath), *args, **kwargs)
+
+  load_model.__doc__ = orig_load_model.__doc__
+  for module in (saving_api, keras.saving, keras.models):
+    if getattr(module, "load_model", None) is orig_load_model:
+      module.load_model = load_model
 
 
 def install(rank, size):
@@ -377,6 +964,7 @@ def install(rank, size):
     return
   if "tf" not in _STATE["installed"]:
     _patch_tf_checkpoint()
+    _patch_saved_model()
     _STATE["installed"].add("tf")
   if "keras" not in _STATE["installed"]:
     _patch_keras_callbacks()

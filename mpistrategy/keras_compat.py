@@ -49,6 +49,30 @@ multi-process `MPIStrategy`, so single-process code is unaffected.
    shards differ in shape and that reduction fails on every rank.  The
    patch builds from this rank's own shard instead, which has the same
    per-replica structure; nothing is communicated.
+
+5. Keras/TF calls that communicate (`Model.fit`, `evaluate`, `predict`,
+   `train_on_batch`, `test_on_batch`, `predict_on_batch`, `save`,
+   `save_weights`, `load_weights`, `export`; `tf.train.Checkpoint.save`,
+   `write`, `restore`, `read`; `tf.train.CheckpointManager.save`,
+   `restore_or_initialize`) run inside
+   `mpistrategy.ops.mpi_ops.entry_point("Model.<method>")` (or
+   "Checkpoint.<method>", ...), so the default names of their collectives
+   start with the call (see `mpi_ops`): a stall warning or timeout then
+   says `Model.evaluate/...` instead of an anonymous `eager/allreduce`.
+   When such a call fails because other ranks did not join its collectives
+   (a stall timeout, or a rank that shut down or raised), the error gets a
+   note naming the call and the rank and stating the rule: every rank must
+   make the same Keras/TF calls that communicate.
+
+6. `TFEpochIterator` with a dataset the user sharded per rank (see
+   `MPIStrategy._experimental_distribute_dataset`): Keras sizes each epoch
+   by the tf.data dataset's own cardinality, which differs across ranks when
+   the shards have different lengths, so the rank with fewer batches would
+   end its epoch while the others wait in a training step.  When the
+   distributed dataset's cardinality is unknown (the ranks disagreed; see
+   `strategy._agree_on_cardinality`) but the local one is known, the epoch
+   is sized as unknown, so every rank steps until all are exhausted, as for
+   `distribute_datasets_from_function`.
 """
 
 import tensorflow as tf
@@ -201,6 +225,93 @@ def _world_size():
   return _WORLD["size"]
 
 
+def _patch_epoch_iterator():
+  from keras.src.backend.tensorflow import trainer as tf_trainer  # pylint: disable=g-import-not-at-top
+  from keras.src.trainers.data_adapters import tf_dataset_adapter  # pylint: disable=g-import-not-at-top
+  adapter_cls = tf_dataset_adapter.TFDatasetAdapter
+  original_num_batches = adapter_cls.num_batches
+  iterator_cls = tf_trainer.TFEpochIterator
+  original_init = iterator_cls.__init__
+  if getattr(original_init, "_mpistrategy_patched", False):
+    return
+
+  def num_batches(self):
+    if getattr(self, "_mpistrategy_lengths_differ", False):
+      return None
+    return original_num_batches.fget(self)
+
+  def __init__(self, *args, **kwargs):  # pylint: disable=invalid-name
+    original_init(self, *args, **kwargs)
+    distributed = getattr(self, "_distributed_dataset", None)
+    adapter = getattr(self, "data_adapter", None)
+    if (isinstance(adapter, adapter_cls) and
+        getattr(distributed, "_cardinality", None) ==
+        tf.data.UNKNOWN_CARDINALITY and
+        adapter.num_batches is not None and
+        _is_multi_process(self._distribute_strategy)):  # pylint: disable=protected-access
+      adapter._mpistrategy_lengths_differ = True  # pylint: disable=protected-access
+      self._num_batches = None  # pylint: disable=protected-access
+
+  adapter_cls.num_batches = property(num_batches,
+                                     doc=original_num_batches.__doc__)
+  __init__._mpistrategy_patched = True  # pylint: disable=protected-access
+  iterator_cls.__init__ = __init__
+
+
+# (module, class, label, methods) of the Keras/TF calls that communicate.
+_ENTRY_POINTS = (
+    ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer", "Model",
+     ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch",
+      "predict_on_batch")),
+    ("keras.src.models.model", "Model", "Model",
+     ("save", "save_weights", "load_weights", "export")),
+    ("tensorflow.python.checkpoint.checkpoint", "Checkpoint", "Checkpoint",
+     ("save", "write", "restore", "read")),
+    ("tensorflow.python.checkpoint.checkpoint_management", "CheckpointManager",
+     "CheckpointManager", ("save", "restore_or_initialize")),
+)
+
+
+def _rule_note(entry, rank):
+  return (f"mpistrategy: this error was raised in {entry}() on rank {rank}: "
+          "its collectives were not joined by every rank.  Every rank must "
+          "make the same Keras/TF calls that communicate (fit, evaluate, "
+          "predict, save, ...), also when only rank 0 needs the result; "
+          "see the stall message above for the ranks that were missing.")
+
+
+def _patch_entry_points(rank):
+  import importlib  # pylint: disable=g-import-not-at-top
+  from mpistrategy.ops import mpi_ops  # pylint: disable=g-import-not-at-top
+  for module_name, class_name, label, methods in _ENTRY_POINTS:
+    cls = getattr(importlib.import_module(module_name), class_name)
+    for method in methods:
+      original = cls.__dict__.get(method)
+      if original is None or getattr(original, "_mpistrategy_entry", False):
+        continue
+      entry = f"{label}.{method}"
+
+      def wrapper(self, *args, __original=original, __entry=entry, **kwargs):
+        outermost = not mpi_ops.entry_points()
+        with mpi_ops.entry_point(__entry):
+          try:
+            return __original(self, *args, **kwargs)
+          except (tf.errors.DeadlineExceededError,
+                  tf.errors.AbortedError) as e:
+            if outermost and _world_size() > 1 and not getattr(
+                e, "_mpistrategy_noted", False):
+              e._mpistrategy_noted = True  # pylint: disable=protected-access
+              e.add_note(_rule_note(__entry, rank))
+            raise
+
+      wrapper._mpistrategy_entry = True  # pylint: disable=protected-access
+      wrapper.__doc__ = original.__doc__
+      wrapper.__name__ = method
+      wrapper.__qualname__ = f"{class_name}.{method}"
+      wrapper.__wrapped__ = original
+      setattr(cls, method, wrapper)
+
+
 def install(rank, size):
   """Applies the patches of this module (idempotent).
 
@@ -218,6 +329,12 @@ def install(rank, size):
   if "symbolic_build" not in _INSTALLED:
     _patch_symbolic_build()
     _INSTALLED.add("symbolic_build")
+  if "epoch_iterator" not in _INSTALLED:
+    _patch_epoch_iterator()
+    _INSTALLED.add("epoch_iterator")
+  if "entry_points" not in _INSTALLED:
+    _patch_entry_points(rank)
+    _INSTALLED.add("entry_points")
   if "progbar" not in _INSTALLED and size > 1:
     _patch_progbar(rank)
     _INSTALLED.add("progbar")

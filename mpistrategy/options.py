@@ -83,6 +83,22 @@ class Options:
     stall_timeout_seconds: ... and after this long it fails with
       `tf.errors.DeadlineExceededError` on the ranks that submitted it.  A
       number >= 0; 0 (the default) waits forever, as MPI does.
+    peer_timeout_seconds: Every rank's engine exchanges heartbeats with
+      rank 0 several times a second from its own thread, whatever the Python
+      code is doing, so a rank that stays silent is frozen (e.g. SIGSTOP),
+      dead, cut off by the network, or its engine stopped.  After
+      `stall_warning_seconds` of silence the other ranks log the silent ones
+      (as `rank N (host H, pid P)`); after `peer_timeout_seconds` every rank
+      that can still run fails its pending and future collectives with
+      `tf.errors.UnavailableError` naming them, prints the same message and,
+      about a second later, ends its process with `MPI_Abort` (exit status
+      14), so the whole job ends even if the Python code catches the
+      error.  Ranks cut off from rank 0 stop by themselves after the same
+      time.  A rank frozen for less than this resumes normally.  A number
+      >= 0; 0 disables it (silent peers are waited for forever).  Default
+      120: long enough for a machine under heavy load, short enough that a
+      hung job does not hold its nodes for long; set 0 when a rank may be
+      stopped in a debugger.
     timeline: Path of a Chrome-trace JSON file (open it in Perfetto or
       chrome://tracing) written by rank 0's engine: one row per collective
       name with its NEGOTIATE, QUEUE, fusion-buffer copy and collective
@@ -100,6 +116,21 @@ class Options:
       engines (their pending collectives fail with
       `tf.errors.AbortedError` naming this rank) and then calls `MPI_Abort`,
       so no rank hangs waiting for a rank that died.
+    checkpoint_read_timeout_seconds: How long a rank waits in a read into
+      the strategy's variables (`tf.train.Checkpoint.read/restore`,
+      `Model.load_weights`, `BackupAndRestore`'s resume,
+      `CheckpointManager.restore_or_initialize`), which every rank must
+      make, for the other ranks to make it too; then it fails with
+      `tf.errors.DeadlineExceededError` saying so (e.g. code that restores
+      on rank 0 only).  A number > 0.  Default 120.
+    verbose: When False (the default), ranks other than 0 hide TensorFlow's
+      C++ INFO/WARNING lines, Python warnings and the "tensorflow"/"absl"
+      loggers' INFO/WARNING records, which every rank would print alike
+      (see `mpistrategy.quiet`); errors are never hidden.  True (or
+      `MPISTRATEGY_VERBOSE=1`, the launcher's `--verbose`) shows
+      everything on every rank.  The start-up lines are decided when
+      mpistrategy is imported, so only the variable (or the launcher)
+      brings those back.
 
   Raises:
     TypeError: A field has the wrong type.
@@ -114,9 +145,12 @@ class Options:
   cache_capacity: int = 1024
   stall_warning_seconds: float = 60.0
   stall_timeout_seconds: float = 0.0
+  peer_timeout_seconds: float = 120.0
   timeline: str = ""
   hierarchical_allreduce: bool = False
   abort_on_exception: bool = True
+  checkpoint_read_timeout_seconds: float = 120.0
+  verbose: bool = False
 
   def __post_init__(self):
     _check_int(self, "fusion_threshold_bytes", minimum=0,
@@ -135,9 +169,14 @@ class Options:
                  hint="a number >= 0 (0 disables the warning)")
     _check_float(self, "stall_timeout_seconds", positive=False,
                  hint="a number >= 0 (0 waits forever)")
+    _check_float(self, "peer_timeout_seconds", positive=False,
+                 hint="a number >= 0 (0 waits for silent peers forever)")
+    _check_float(self, "checkpoint_read_timeout_seconds", positive=True,
+                 hint="a number > 0")
     for name in ("timeline", "autotune_log"):
       _check_path(self, name)
-    for name in ("autotune", "hierarchical_allreduce", "abort_on_exception"):
+    for name in ("autotune", "hierarchical_allreduce", "abort_on_exception",
+                 "verbose"):
       value = getattr(self, name)
       if not isinstance(value, bool):
         raise TypeError(

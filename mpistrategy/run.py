@@ -1,8 +1,8 @@
-"""`python -m mpistrategy.run`: starts a training script on N ranks.
+"""`python -m mpistrategy.run` (`mpistrategyrun`): runs a script on N ranks.
 
 ```bash
 python -m mpistrategy.run -np 4 train.py --epochs 3
-python -m mpistrategy.run -np 8 -H host1:4,host2:4 train.py
+python -m mpistrategy.run -H host1:4,host2:4 train.py       # 8 ranks
 python -m mpistrategy.run -np 2 --stall-timeout-seconds 600 train.py
 python -m mpistrategy.run --check
 ```
@@ -29,6 +29,17 @@ The ranks run the script with the launcher's own interpreter
   after the first one, every process of its session is killed.
 * Exit status: the command's; 128 + N when it died of signal N, or when the
   launcher was stopped by signal N and the command did not exit with 0.
+* Output: every line carries its rank (Open MPI `--tag-output`:
+  `[1,R]<stdout>:`; MPICH `-prepend-rank`: `[R] `; srun `--label`: `R: `)
+  unless `--no-tag-output`.  The rank program runs behind
+  `python -m mpistrategy.quiet`: ranks other than 0 do not print
+  TensorFlow's start-up INFO/WARNING lines nor Python warnings (errors and
+  tracebacks always pass); `--verbose` shows everything on every rank.
+* Ranks and hosts: without -H/--hostfile (and outside a resource manager's
+  allocation) -np N runs N ranks on this host even when N exceeds its cores
+  (Open MPI `--oversubscribe`).  Without -np, the ranks are the sum of the
+  slots of -H host:slots,... or of a host file that gives every host's
+  slots.  As root, Open MPI gets `--allow-run-as-root`, said once on stderr.
 
 Command construction (`parse_args`, `build_command`) needs neither
 TensorFlow nor MPI; only `--check` imports them.
@@ -56,6 +67,7 @@ __all__ = ["Command", "build_command", "detect_mpi_flavour", "find_launcher",
            "main", "make_parser", "parse_args"]
 
 PROG = "mpistrategy.run"
+CONSOLE_SCRIPT = "mpistrategyrun"  # pyproject.toml: mpistrategy.run:main
 
 # Environment variables exported to the ranks by name (Open MPI `-x NAME`)
 # when they are set, and prefixes of further ones.
@@ -69,6 +81,16 @@ DEFAULT_KILL_AFTER_SECONDS = 10.0
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _ENV_PREFIX = "MPISTRATEGY_"
+# Options fields set by one of the launcher's own flags (--verbose), which
+# therefore get no generated flag.
+_LAUNCHER_FIELDS = ("verbose",)
+# The rank program runs behind `python -m mpistrategy.quiet` (see there).
+QUIET_MODULE = "mpistrategy.quiet"
+# Set by resource managers inside an allocation: mpirun then takes the
+# hosts and slots from the allocation, and `-np` beyond them is an error
+# worth keeping.
+_ALLOCATION_VARIABLES = ("SLURM_JOB_ID", "PBS_JOBID", "PBS_NODEFILE",
+                         "LSB_JOBID", "PE_HOSTFILE", "FLUX_JOB_ID")
 _METAVARS = {"int": "INT", "float": "NUMBER", "str": "TEXT"}
 _HOST = re.compile(r"^([^\s:,]+)(?::(\d+))?$")
 
@@ -136,17 +158,21 @@ def make_parser():
   Returns:
     An `argparse.ArgumentParser`.
   """
+  prog = (CONSOLE_SCRIPT if os.path.basename(sys.argv[0]) == CONSOLE_SCRIPT
+          else f"python -m {PROG}")
   parser = argparse.ArgumentParser(
-      prog=f"python -m {PROG}", allow_abbrev=False,
-      usage=f"python -m {PROG} [options] -np N SCRIPT [ARGS ...]\n"
-      f"       python -m {PROG} --check",
+      prog=prog, allow_abbrev=False,
+      usage=f"{prog} [options] [-np N] [-H HOST:SLOTS,...] SCRIPT [ARGS ...]"
+      f"\n       {prog} --check",
       description="Runs a Python training script on N MPI ranks with mpirun "
       "(or srun inside a Slurm allocation), using this interpreter.",
-      epilog="Example: python -m mpistrategy.run -np 4 -H host1:2,host2:2 "
-      "train.py --epochs 3")
+      epilog=f"Example: {prog} -H host1:2,host2:2 train.py --epochs 3 "
+      "(4 ranks)")
   parser.add_argument(
       "-np", "--num-proc", dest="num_proc", type=int, metavar="N",
-      help="number of ranks (required unless --check)")
+      help="number of ranks; default: the sum of the slots of -H or of a "
+      "host file that gives every host's slots.  Without hosts, N ranks "
+      "run on this host even if N exceeds its cores")
   parser.add_argument(
       "-H", "--hosts", metavar="HOST:SLOTS,...",
       help="hosts and their slot counts, e.g. host1:2,host2:2 (mpirun -H; "
@@ -171,8 +197,15 @@ def make_parser():
       "--dry-run", action="store_true",
       help="print the command on stdout and exit without running it")
   parser.add_argument(
+      "--tag-output", action=argparse.BooleanOptionalAction, default=True,
+      help="prefix every output line with the rank that printed it (the "
+      "default; Open MPI --tag-output: '[1,R]<stdout>:', MPICH "
+      "-prepend-rank: '[R] ', srun --label: 'R: ')")
+  parser.add_argument(
       "--verbose", action="store_true",
-      help="also print how the launcher and the flags were chosen")
+      help="also print how the launcher and the flags were chosen, and let "
+      "every rank print TensorFlow's start-up lines and Python warnings "
+      "(by default only rank 0 does; MPISTRATEGY_VERBOSE=1)")
   parser.add_argument(
       "--check", action="store_true",
       help="print what mpistrategy was built with and what it finds "
@@ -182,6 +215,8 @@ def make_parser():
       "Each sets MPISTRATEGY_<FIELD> for every rank (see mpistrategy.Options).")
   helps = _field_help()
   for field in _option_fields():
+    if field.name in _LAUNCHER_FIELDS:
+      continue
     variable = _ENV_PREFIX + field.name.upper()
     text = helps.get(field.name, f"Options.{field.name}").replace("%", "%%")
     if _type_name(field) == "bool":
@@ -269,6 +304,8 @@ def option_variables(args, environ):
       names the flag or the variable.
   """
   variables = {}
+  if getattr(args, "verbose", False):
+    variables[_ENV_PREFIX + "VERBOSE"] = "1"
   for field in _option_fields():
     value = getattr(args, "option_" + field.name, None)
     if value is None:
@@ -308,6 +345,62 @@ def _parse_hosts(text):
   return hosts
 
 
+_HOSTFILE_OPENMPI = re.compile(
+    r"^(\S+)(?:\s+(?:slots|max[-_]slots)\s*=\s*\d+)*\s*$")
+
+
+def _hostfile_slots(path):
+  """The total of a host file's slots, or None if a line does not give them.
+
+  Understands Open MPI's `host slots=N [max_slots=M]` and MPICH's `host:N`,
+  one host a line, `#` comments.  A host without a count (which means "its
+  number of cores" to Open MPI and 1 to MPICH) or any other syntax gives
+  None: the launcher cannot know the count, so -np must be given.
+  """
+  total = 0
+  with open(path, encoding="utf-8", errors="replace") as f:
+    for line in f:
+      line = line.split("#", 1)[0].strip()
+      if not line:
+        continue
+      m = re.match(r"^\S+?\s+slots\s*=\s*(\d+)(?:\s|$)", line)
+      if m and _HOSTFILE_OPENMPI.match(line):
+        total += int(m.group(1))
+        continue
+      m = re.match(r"^[^\s:]+:(\d+)$", line)
+      if m:
+        total += int(m.group(1))
+        continue
+      return None
+  return total or None
+
+
+def _num_proc(args, hosts):
+  """-np, or the slots of -H or the host file when -np is not given."""
+  if args.num_proc is not None:
+    if args.num_proc < 1:
+      raise ValueError(
+          f"-np/--num-proc must be a positive integer, got {args.num_proc}")
+    return args.num_proc
+  if hosts:
+    missing = [h for h, n in hosts if n is None]
+    if missing:
+      raise ValueError(
+          f"-np/--num-proc is required: -H {args.hosts} gives no slot count "
+          f"for {', '.join(missing)} (write -H host1:2,host2:2 to run as "
+          "many ranks as slots)")
+    return sum(n for _, n in hosts)
+  if args.hostfile is not None:
+    total = _hostfile_slots(args.hostfile)
+    if total is None:
+      raise ValueError(
+          f"-np/--num-proc is required: --hostfile {args.hostfile} does not "
+          "give every host's slots ('host slots=N' or 'host:N' lines)")
+    return total
+  raise ValueError("-np/--num-proc is required (the number of ranks), or "
+                   "-H host1:SLOTS,... to run as many ranks as slots")
+
+
 def _program(args, environ, executable):
   """The rank command: `python script args`, or a PATH program as given."""
   if not args.command:
@@ -342,13 +435,23 @@ def _pythonpath(environ, package_parent):
   return os.pathsep.join([package_parent] + current)
 
 
-def _openmpi_command(args, launcher_path, hosts, exported, set_vars, program):
-  argv = [launcher_path, "-np", str(args.num_proc)]
+def _openmpi_command(args, launcher_path, hosts, exported, set_vars, program,
+                     num_proc, local_only, as_root):
+  argv = [launcher_path, "-np", str(num_proc)]
   if hosts:
     argv += ["-H", ",".join(h if n is None else f"{h}:{n}" for h, n in hosts)]
   if args.hostfile:
     argv += ["--hostfile", args.hostfile]
   mpi_args = [a for s in args.mpi_args for a in shlex.split(s)]
+  if as_root:
+    argv += ["--allow-run-as-root"]
+  # Without hosts Open MPI allows one rank per core; -np N on this host is
+  # what the user asked for, as horovodrun does.
+  if local_only and not any("oversubscribe" in a.lower() for a in mpi_args):
+    argv += ["--oversubscribe"]
+  if args.tag_output and not any(
+      a in ("--tag-output", "-tag-output", "--output") for a in mpi_args):
+    argv += ["--tag-output"]
   # Open MPI binds each rank to a core (np <= 2) or socket by default, which
   # starves TensorFlow's thread pools; the user's own choice wins.
   if not any(a.startswith("--bind-to") for a in mpi_args):
@@ -363,10 +466,11 @@ def _openmpi_command(args, launcher_path, hosts, exported, set_vars, program):
   return argv + mpi_args + program
 
 
-def _mpich_command(args, launcher_path, hosts, set_vars, program):
+def _mpich_command(args, launcher_path, hosts, set_vars, program, num_proc):
   # Hydra passes the whole environment by default (-genvall); -genv only
-  # for what the launcher sets, so the printed line shows it.
-  argv = [launcher_path, "-np", str(args.num_proc)]
+  # for what the launcher sets, so the printed line shows it.  Hydra does
+  # not limit ranks to cores, so -np N runs on one host as it is.
+  argv = [launcher_path, "-np", str(num_proc)]
   if hosts:
     argv += ["-hosts",
              ",".join(h if n is None else f"{h}:{n}" for h, n in hosts)]
@@ -375,15 +479,19 @@ def _mpich_command(args, launcher_path, hosts, set_vars, program):
   for name in sorted(set_vars):
     argv += ["-genv", name, set_vars[name]]
   mpi_args = [a for s in args.mpi_args for a in shlex.split(s)]
+  if args.tag_output and not any(
+      a in ("-l", "-prepend-rank", "--prepend-rank", "-prepend-pattern")
+      for a in mpi_args):
+    argv += ["-prepend-rank"]
   return argv + mpi_args + program
 
 
-def _srun_command(args, launcher_path, hosts, set_vars, program):
+def _srun_command(args, launcher_path, hosts, set_vars, program, num_proc):
   if args.hostfile:
     raise ValueError(
         "--hostfile is for mpirun; with srun give -H/--hosts (or "
         "--mpi-args=\"--nodefile FILE\"), or use --launcher mpirun")
-  argv = [launcher_path, f"--ntasks={args.num_proc}"]
+  argv = [launcher_path, f"--ntasks={num_proc}"]
   if hosts:
     slots = {n for _, n in hosts}
     if len(slots) > 1:
@@ -404,6 +512,8 @@ def _srun_command(args, launcher_path, hosts, set_vars, program):
                        f"{name}={set_vars[name]}" for name in sorted(set_vars)]
   argv += ["--export=" + ",".join(exports)]
   mpi_args = [a for s in args.mpi_args for a in shlex.split(s)]
+  if args.tag_output and not any(a in ("-l", "--label") for a in mpi_args):
+    argv += ["--label"]
   return argv + mpi_args + program
 
 
@@ -434,11 +544,6 @@ def build_command(args, environ, launcher, launcher_path, mpi_flavour="openmpi",
   euid = os.geteuid() if euid is None else euid
   if launcher not in ("mpirun", "srun"):
     raise ValueError(f"launcher must be 'mpirun' or 'srun', got {launcher!r}")
-  if args.num_proc is None:
-    raise ValueError("-np/--num-proc is required (the number of ranks)")
-  if args.num_proc < 1:
-    raise ValueError(
-        f"-np/--num-proc must be a positive integer, got {args.num_proc}")
   if args.hosts is not None and args.hostfile is not None:
     raise ValueError("give either -H/--hosts or --hostfile, not both")
   if args.hostfile is not None and not os.path.isfile(args.hostfile):
@@ -447,7 +552,10 @@ def build_command(args, environ, launcher, launcher_path, mpi_flavour="openmpi",
     raise ValueError(
         f"--kill-after must be a finite number >= 0, got {args.kill_after:g}")
   hosts = _parse_hosts(args.hosts) if args.hosts is not None else []
+  num_proc = _num_proc(args, hosts)
   program = _program(args, environ, executable)
+  if not args.verbose:
+    program = [executable, "-m", QUIET_MODULE] + program
   set_vars, notes = option_variables(args, environ)
   notes = [f"warning: {n}" for n in notes]
   pythonpath = _pythonpath(environ, _package_parent())
@@ -457,9 +565,11 @@ def build_command(args, environ, launcher, launcher_path, mpi_flavour="openmpi",
   env = dict(environ)
   env.update(set_vars)
   if launcher == "srun":
-    argv = _srun_command(args, launcher_path, hosts, set_vars, program)
+    argv = _srun_command(args, launcher_path, hosts, set_vars, program,
+                         num_proc)
   elif mpi_flavour == "mpich":
-    argv = _mpich_command(args, launcher_path, hosts, set_vars, program)
+    argv = _mpich_command(args, launcher_path, hosts, set_vars, program,
+                          num_proc)
   else:
     if mpi_flavour != "openmpi":
       notes.append(f"note: could not tell which MPI {launcher_path} belongs "
@@ -467,14 +577,18 @@ def build_command(args, environ, launcher, launcher_path, mpi_flavour="openmpi",
     exported = sorted(
         name for name in env
         if name in EXPORTED_VARIABLES or name.startswith(EXPORTED_PREFIXES))
+    mpi_args = [a for s in args.mpi_args for a in shlex.split(s)]
+    as_root = (euid == 0 and "--allow-run-as-root" not in mpi_args and not (
+        environ.get("OMPI_ALLOW_RUN_AS_ROOT") == "1" and
+        environ.get("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM") == "1"))
+    local_only = not hosts and args.hostfile is None and not any(
+        environ.get(name) for name in _ALLOCATION_VARIABLES)
     argv = _openmpi_command(args, launcher_path, hosts, exported, set_vars,
-                            program)
-    if (euid == 0 and not environ.get("OMPI_ALLOW_RUN_AS_ROOT") and
-        "--allow-run-as-root" not in argv):
+                            program, num_proc, local_only, as_root)
+    if as_root:
       notes.append(
-          "hint: running as root; Open MPI refuses that unless "
-          "OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 are "
-          "set (or --mpi-args=--allow-run-as-root is given)")
+          "running as root: added --allow-run-as-root, without which Open "
+          "MPI refuses to start (common in containers)")
   return Command(argv=argv, env=env, launcher=launcher, notes=notes)
 
 

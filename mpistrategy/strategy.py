@@ -241,6 +241,18 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
               reduce_op, v, destinations, options), value)
     return super()._reduce_to(reduce_op, value, destinations, options)
 
+  def _experimental_distribute_dataset(self, dataset, options):
+    # A dataset the user sharded for the ranks already (Horovod's
+    # `ds.shard(size, rank)`) is this rank's own input: the inherited code
+    # would shard it again (each rank keeping 1/N of its shard) and split its
+    # batches as if they were global.  It is distributed like one returned by
+    # `distribute_datasets_from_function`: as it is, its batch size per rank.
+    if self._num_workers > 1 and _sharded_by_user(dataset, self._num_workers):
+      _log_user_sharding_once(self._id_in_cluster, self._num_workers)
+      return self._distribute_datasets_from_function(
+          lambda unused_input_context: dataset, options)
+    return super()._experimental_distribute_dataset(dataset, options)
+
   def _distribute_datasets_from_function(self, dataset_fn, options):
     dataset = super()._distribute_datasets_from_function(dataset_fn, options)
     if self._num_workers > 1 and tf.executing_eagerly():
@@ -411,6 +423,62 @@ class MPIStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     if axis is not None and _value_rank(value) == 0:
       axis = None
     return super().reduce(reduce_op, value, axis)
+
+
+def _sharded_by_user(dataset, num_shards):
+  """True if `dataset` contains `.shard(num_shards, ...)` and auto-shards.
+
+  Looks through the Python objects of the pipeline (`_inputs()`), so it sees
+  every transformation built in this process; a shard inside the function
+  of `interleave`/`flat_map` is not seen.  A dataset whose auto-shard policy
+  the user set explicitly (anything but AUTO) keeps that policy.
+
+  Args:
+    dataset: a `tf.data.Dataset`.
+    num_shards: the world size.
+
+  Returns:
+    A bool.
+  """
+  if not isinstance(dataset, tf.data.Dataset):
+    return False
+  try:
+    policy = dataset.options().experimental_distribute.auto_shard_policy
+  except (AttributeError, TypeError):
+    return False
+  if policy != tf.data.experimental.AutoShardPolicy.AUTO:
+    return False
+  seen = set()
+  pending = [dataset]
+  while pending:
+    d = pending.pop()
+    if id(d) in seen:
+      continue
+    seen.add(id(d))
+    shards = getattr(d, "_num_shards", None)
+    if type(d).__name__ == "_ShardDataset" and shards is not None:
+      value = tf.get_static_value(shards)
+      if value is not None and int(value) == num_shards:
+        return True
+    try:
+      pending.extend(i for i in d._inputs()  # pylint: disable=protected-access
+                     if isinstance(i, tf.data.Dataset))
+    except (AttributeError, NotImplementedError, TypeError):
+      continue
+  return False
+
+
+_LOGGED = set()
+
+
+def _log_user_sharding_once(rank, size):
+  if "user_sharding" in _LOGGED or rank != 0:
+    return
+  _LOGGED.add("user_sharding")
+  tf.get_logger().info(
+      "MPIStrategy: the dataset is already sharded with shard(%d, ...); it "
+      "is not sharded again, and its batch size is the batch of each rank "
+      "(global batch = %d x that).", size, size)
 
 
 def _agree_on_cardinality(dataset):

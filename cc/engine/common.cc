@@ -1,5 +1,7 @@
 #include "cc/engine/common.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 
 namespace mpistrategy {
@@ -151,6 +153,33 @@ std::string ShapeString(const Shape& shape) {
   }
   s += "]";
   return s;
+}
+
+std::string DescribeRank(int rank, const std::vector<PeerInfo>& peers) {
+  std::string s = "rank " + std::to_string(rank);
+  if (rank < 0 || rank >= static_cast<int>(peers.size())) return s;
+  const PeerInfo& p = peers[rank];
+  return s + " (host " + (p.host.empty() ? "?" : p.host) + ", pid " +
+         std::to_string(p.pid) + ")";
+}
+
+std::string DescribeRanks(const std::vector<int>& ranks,
+                          const std::vector<PeerInfo>& peers) {
+  if (ranks.empty()) return "no rank";
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += DescribeRank(ranks[i], peers);
+  }
+  return s;
+}
+
+PeerInfo LocalPeerInfo() {
+  PeerInfo info;
+  char name[256] = {0};
+  if (gethostname(name, sizeof(name) - 1) == 0) info.host = name;
+  info.pid = static_cast<int64_t>(getpid());
+  return info;
 }
 
 std::string RanksString(const std::vector<int>& ranks) {

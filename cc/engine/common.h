@@ -139,6 +139,22 @@ std::string RanksString(const std::vector<int>& ranks);
 // Seconds for messages: "61", "30", "0.5".
 std::string FormatSeconds(double seconds);
 
+// Who a rank is, for messages: its host (MPI_Get_processor_name) and process
+// id, gathered from every rank once when the engine starts.
+struct PeerInfo {
+  std::string host;
+  int64_t pid = 0;
+};
+// "rank 3 (host node7, pid 1234)": the one form in which stall, timeout and
+// abort messages name a rank.  Just "rank 3" when `peers` has no entry for it
+// (before the engines exchanged their identities).
+std::string DescribeRank(int rank, const std::vector<PeerInfo>& peers);
+// "rank 1 (host a, pid 5), rank 3 (host b, pid 7)"; "no rank" when empty.
+std::string DescribeRanks(const std::vector<int>& ranks,
+                          const std::vector<PeerInfo>& peers);
+// This process's host name (gethostname) and pid.
+PeerInfo LocalPeerInfo();
+
 // Layout of a grouped allreduce packed into one buffer by its kernel: one
 // segment per dtype (so one segment when the tensors share a dtype), in
 // order of the dtype's first appearance, holding that dtype's tensors in

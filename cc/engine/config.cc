@@ -56,6 +56,12 @@ Status EngineConfig::Validate() const {
         "got " +
         Num(stall_timeout_seconds));
   }
+  if (!(peer_timeout_seconds >= 0.0) || !std::isfinite(peer_timeout_seconds)) {
+    return Status::InvalidArgument(
+        "EngineConfig.peer_timeout_seconds must be a finite number >= 0 (0 "
+        "waits for silent peers forever), got " +
+        Num(peer_timeout_seconds));
+  }
   return Status::Ok();
 }
 

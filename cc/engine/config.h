@@ -52,6 +52,16 @@ struct EngineConfig {
   // submitted it.  0 (the default) waits forever, as MPI does.
   double stall_timeout_seconds = 0.0;
 
+  // Liveness: a rank that has heard nothing from a peer for this long
+  // (every rank's engine sends heartbeats several times a second, whatever
+  // its Python code is doing, so silence means the peer's process is frozen,
+  // dead or cut off by the network, or its engine stopped) fails every
+  // pending and future collective with Unavailable naming the silent ranks,
+  // and the embedding ends the job (see PeerMonitor, peer_monitor.h).  The
+  // waiting ranks log the silent ones after stall_warning_seconds.  0
+  // disables it: a silent peer is then waited for forever, as MPI does.
+  double peer_timeout_seconds = 120.0;
+
   // Chrome-trace JSON (chrome://tracing, Perfetto) written by rank 0's
   // engine: per-tensor negotiation, queue, copy and collective spans and one
   // span per cycle (timeline.h).  When the path contains "{rank}", every rank

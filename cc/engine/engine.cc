@@ -16,6 +16,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <list>
 #include <mutex>
@@ -30,6 +31,7 @@
 #include "cc/engine/logging.h"
 #include "cc/engine/message.h"
 #include "cc/engine/negotiator.h"
+#include "cc/engine/peer_monitor.h"
 #include "cc/engine/response_cache.h"
 #include "cc/engine/stall_inspector.h"
 #include "cc/engine/timeline.h"
@@ -37,6 +39,11 @@
 namespace mpistrategy {
 
 namespace {
+
+// After a peer timeout: how long the monitor waits (for the engine thread
+// to fail the pending collectives and for abort notices to leave) before it
+// calls the embedding's PeerTimeoutHandler.
+constexpr double kPeerTimeoutGraceSeconds = 1.0;
 
 struct PendingEntry {
   TensorEntry entry;
@@ -255,20 +262,35 @@ Request MakeRequest(const TensorEntry& e, int rank, int size) {
 // ranks fail their collectives with its reason instead of waiting for it
 // forever.  The same exchange checks the settings every rank must share:
 // `cache_capacity` sizes the bit vector of every negotiation cycle, so ranks
-// that differ would pass MPI mismatched counts.  Returns the agreed failure,
-// or OK.
+// that differ would pass MPI mismatched counts.  It also gives every rank
+// every rank's host and pid (*peers, for messages).  Returns the agreed
+// failure, or OK.
 Status AgreeOnStartup(Transport* transport, const Status& mine,
-                      int32_t cache_capacity) {
-  // "<cache_capacity>;<error or empty>"
-  std::string message = std::to_string(cache_capacity) + ";";
+                      int32_t cache_capacity, std::vector<PeerInfo>* peers) {
+  const PeerInfo me = transport->peer_info();
+  // "<cache_capacity>;<host>;<pid>;<error or empty>"
+  std::string message = std::to_string(cache_capacity) + ";" + me.host + ";" +
+                        std::to_string(me.pid) + ";";
   if (!mine.ok()) {
-    message += "rank " + std::to_string(transport->rank()) +
-               " could not start mpistrategy: " + mine.message();
+    message += mpistrategy::DescribeRank(transport->rank(), {}) + " (host " + me.host +
+               ", pid " + std::to_string(me.pid) +
+               ") could not start mpistrategy: " + mine.message();
   }
   std::vector<std::string> all;
   MPISTRATEGY_RETURN_IF_ERROR(transport->GatherBytes(message, &all));
+  // Rank 0 broadcasts "<failure length>:<failure><host>\t<pid>\n..." .
   std::string first_failure;
+  std::string table;
   if (transport->rank() == 0) {
+    for (std::string& m : all) {
+      // Move the host and pid out; what remains is "<capacity>;<error>".
+      const size_t a = m.find(';');
+      const size_t b = m.find(';', a + 1);
+      const size_t c = m.find(';', b + 1);
+      table += m.substr(a + 1, b - a - 1) + "\t" + m.substr(b + 1, c - b - 1) +
+               "\n";
+      m = m.substr(0, a) + ";" + m.substr(c + 1);
+    }
     const std::string capacity0 = all[0].substr(0, all[0].find(';'));
     for (size_t r = 0; r < all.size() && first_failure.empty(); ++r) {
       const size_t split = all[r].find(';');
@@ -284,7 +306,24 @@ Status AgreeOnStartup(Transport* transport, const Status& mine,
       }
     }
   }
-  MPISTRATEGY_RETURN_IF_ERROR(transport->BroadcastBytes(&first_failure));
+  std::string agreed =
+      std::to_string(first_failure.size()) + ":" + first_failure + table;
+  MPISTRATEGY_RETURN_IF_ERROR(transport->BroadcastBytes(&agreed));
+  const size_t colon = agreed.find(':');
+  const size_t length = std::strtoull(agreed.c_str(), nullptr, 10);
+  first_failure = agreed.substr(colon + 1, length);
+  peers->clear();
+  size_t pos = colon + 1 + length;
+  while (pos < agreed.size()) {
+    const size_t tab = agreed.find('\t', pos);
+    const size_t end = agreed.find('\n', pos);
+    if (tab == std::string::npos || end == std::string::npos) break;
+    PeerInfo info;
+    info.host = agreed.substr(pos, tab - pos);
+    info.pid = std::strtoll(agreed.c_str() + tab + 1, nullptr, 10);
+    peers->push_back(std::move(info));
+    pos = end + 1;
+  }
   if (first_failure.empty()) return Status::Ok();
   return Status::FailedPrecondition(first_failure);
 }
@@ -298,10 +337,17 @@ class Engine::Impl {
   //   autotune_log: rank 0's open autotune log (EngineConfig::autotune_log),
   //     or null; closed by the destructor.
   Impl(const EngineConfig& config, std::unique_ptr<Transport> transport,
-       std::unique_ptr<Timeline> timeline, std::FILE* autotune_log);
+       std::unique_ptr<Timeline> timeline, std::FILE* autotune_log,
+       PeerTimeoutHandler on_peer_timeout);
   ~Impl();
 
   void Start() {
+    // A wait for peers ends as soon as the peer monitor gave up on them.
+    transport_->SetWaitHook([this]() -> Status {
+      if (!peer_timeout_.load(std::memory_order_relaxed)) return Status::Ok();
+      std::lock_guard<std::mutex> lock(mu_);
+      return Status::Unavailable(peer_timeout_message_);
+    });
     thread_ = std::thread([this] { Loop(); });
     // Named so that top -H, perf and gdb show which thread is the engine;
     // by this thread, so that the name is set before Create returns.
@@ -316,6 +362,11 @@ class Engine::Impl {
   EngineStats stats() const;
   bool stopped() const;
   TunedParameters tuned_parameters() const;
+  // mpistrategy::DescribeRank(rank, peers_) under mu_ (any thread).
+  std::string DescribeRankLocked(int rank) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return mpistrategy::DescribeRank(rank, peers_);
+  }
 
   const EngineConfig config_;
   const std::unique_ptr<Transport> transport_;
@@ -337,6 +388,18 @@ class Engine::Impl {
   void Finish(PendingIter it, const Status& status);
   // Makes `suffix` the sticky error (unless one is set) and returns false.
   bool Fatal(StatusCode code, const std::string& suffix);
+  // Fatal for a failed transport call `what`; after a peer timeout the
+  // monitor's message is the reason.
+  bool TransportFailed(const std::string& what, const Status& s);
+
+  // ---- peer monitor (peer_monitor.h) ---------------------------------------
+  // Starts the monitor's thread when the peer timeout is on.
+  void StartMonitor();
+  // Stops it (the engine thread, when the loop ends).
+  void StopMonitor();
+  void MonitorLoop(PeerMonitor* monitor);
+  // The monitor gave up on silent peers: fail everything, end the job.
+  void OnPeerTimeout(const std::string& message);
   Status StickyStatusFor(const std::string& name) const;  // requires mu_
 
   // ---- fusion parameters and autotune --------------------------------------
@@ -372,6 +435,18 @@ class Engine::Impl {
   bool stopped_ = false;
   StatusCode sticky_code_ = StatusCode::kOk;
   std::string sticky_suffix_;  // "was aborted because ..."
+  bool monitor_stop_ = false;
+  std::condition_variable monitor_cv_;  // the monitor's thread waits here
+  std::string peer_timeout_message_;
+  // Set with peer_timeout_message_; read without mu_ by the wait hook.
+  std::atomic<bool> peer_timeout_{false};
+
+  // Every rank's host and pid (AgreeOnStartup); this rank's, described, for
+  // log lines.  Engine thread, before the monitor starts.
+  std::vector<PeerInfo> peers_;
+  std::string self_;
+  const PeerTimeoutHandler on_peer_timeout_;
+  std::thread monitor_thread_;
 
   // ---- engine thread only ------------------------------------------------
   std::list<PendingEntry> pending_;
@@ -419,12 +494,14 @@ class Engine::Impl {
 Engine::Impl::Impl(const EngineConfig& config,
                    std::unique_ptr<Transport> transport,
                    std::unique_ptr<Timeline> timeline,
-                   std::FILE* autotune_log)
+                   std::FILE* autotune_log,
+                   PeerTimeoutHandler on_peer_timeout)
     : config_(config),
       transport_(std::move(transport)),
       rank_(transport_->rank()),
       size_(transport_->size()),
       timeline_(std::move(timeline)),
+      on_peer_timeout_(std::move(on_peer_timeout)),
       cache_(config.cache_capacity),
       executor_(transport_.get(), config.hierarchical_allreduce,
                 timeline_.get()),
@@ -486,11 +563,10 @@ Status Engine::Impl::AdmitLocked(const TensorEntry& entry) {
   if (shutdown_requested_) {
     return Status::Aborted(
         "mpistrategy: collective \"" + entry.name +
-        "\" was aborted because rank " + std::to_string(rank_) +
+        "\" was aborted because " + mpistrategy::DescribeRank(rank_, peers_) +
         " stopped: " +
-        (shutdown_reason_.empty()
-             ? "rank " + std::to_string(rank_) + " shut down"
-             : shutdown_reason_));
+        (shutdown_reason_.empty() ? mpistrategy::DescribeRank(rank_, peers_) + " shut down"
+                                  : shutdown_reason_));
   }
   if (!in_flight_.insert(entry.name).second) {
     return Status::InvalidArgument(
@@ -571,14 +647,23 @@ Status Engine::Impl::StickyStatusFor(const std::string& name) const {
 }
 
 void Engine::Impl::Loop() {
-  const Status startup =
-      AgreeOnStartup(transport_.get(), Status::Ok(), config_.cache_capacity);
+  std::vector<PeerInfo> peers;
+  const Status startup = AgreeOnStartup(transport_.get(), Status::Ok(),
+                                        config_.cache_capacity, &peers);
   if (!startup.ok()) {
     Fatal(startup.code() == StatusCode::kFailedPrecondition
               ? StatusCode::kFailedPrecondition
               : StatusCode::kUnavailable,
           "failed because " + startup.message());
   } else {
+    {
+      // Enqueue reads peers_ (under mu_) for its messages.
+      std::lock_guard<std::mutex> lock(mu_);
+      peers_ = std::move(peers);
+    }
+    self_ = mpistrategy::DescribeRank(rank_, peers_);
+    if (negotiator_ != nullptr) negotiator_->SetPeers(peers_);
+    StartMonitor();
     while (RunCycle()) {
     }
   }
@@ -606,6 +691,7 @@ void Engine::Impl::Loop() {
     Finish(pending_.begin(), s);
   }
   stopped_cv_.notify_all();
+  StopMonitor();
 }
 
 bool Engine::Impl::RunCycle() {
@@ -636,6 +722,9 @@ bool Engine::Impl::RunCycle() {
     by_name_[pending_.back().request.name] = std::prev(pending_.end());
   }
   drained_.clear();
+  if (peer_timeout_.load()) {
+    return TransportFailed("negotiation", Status::Ok());
+  }
 
   // Step 1: flags and cache bits.
   const double now = clock_();
@@ -661,11 +750,7 @@ bool Engine::Impl::RunCycle() {
   if (publish_pending_) flags &= ~kFlagNoParameterChange;
   bits_[0] = flags;
   Status s = transport_->BitwiseAnd(&bits_);
-  if (!s.ok()) {
-    return Fatal(StatusCode::kUnavailable,
-                 "failed because negotiation (BitwiseAnd) failed: " +
-                     s.ToString());
-  }
+  if (!s.ok()) return TransportFailed("negotiation (BitwiseAnd)", s);
   ++cycles_;
   if (bits_[0] != kAllFlagsClear) {
     return SlowPath(want_shutdown, shutdown_reason);
@@ -703,11 +788,7 @@ bool Engine::Impl::SlowPath(bool want_shutdown,
   mine.shutdown_reason = shutdown_reason;
   SerializeRequestList(mine, &bytes_);
   Status s = transport_->GatherBytes(bytes_, &gathered_);
-  if (!s.ok()) {
-    return Fatal(StatusCode::kUnavailable,
-                 "failed because negotiation (GatherBytes) failed: " +
-                     s.ToString());
-  }
+  if (!s.ok()) return TransportFailed("negotiation (GatherBytes)", s);
   ResponseList list;
   if (rank_ == 0) {
     for (int r = 0; r < size_ && r < static_cast<int>(gathered_.size());
@@ -725,7 +806,7 @@ bool Engine::Impl::SlowPath(bool want_shutdown,
     }
     std::vector<std::string> warnings;
     list = negotiator_->ComputeResponses(&warnings);
-    for (const std::string& w : warnings) LogLine(rank_, w);
+    for (const std::string& w : warnings) LogLine(self_, w);
     if (publish_pending_) {
       list.has_parameters = true;
       list.parameters =
@@ -735,11 +816,7 @@ bool Engine::Impl::SlowPath(bool want_shutdown,
     SerializeResponseList(list, &bytes_);
   }
   s = transport_->BroadcastBytes(&bytes_);
-  if (!s.ok()) {
-    return Fatal(StatusCode::kUnavailable,
-                 "failed because negotiation (BroadcastBytes) failed: " +
-                     s.ToString());
-  }
+  if (!s.ok()) return TransportFailed("negotiation (BroadcastBytes)", s);
   if (rank_ != 0) {
     s = ParseResponseList(bytes_, &list);
     if (!s.ok()) return Fatal(StatusCode::kInternal, "failed: " + s.message());
@@ -760,8 +837,8 @@ bool Engine::Impl::SlowPath(bool want_shutdown,
       std::lock_guard<std::mutex> lock(mu_);
       if (sticky_code_ == StatusCode::kOk) {
         sticky_code_ = StatusCode::kAborted;
-        sticky_suffix_ = "was aborted because rank " +
-                         std::to_string(list.shutdown_rank) +
+        sticky_suffix_ = "was aborted because " +
+                         mpistrategy::DescribeRank(list.shutdown_rank, peers_) +
                          " stopped: " + list.shutdown_reason;
       }
     }
@@ -836,10 +913,10 @@ bool Engine::Impl::ExecuteResponses(
     if (bucket.members.size() > 1) ++fused_buckets_;
     if (!s.ok()) {
       const Response& r = *bucket_responses_[0];
-      return Fatal(StatusCode::kUnavailable,
-                   std::string("failed because the transport failed during ") +
-                       ResponseTypeName(r.type) + " \"" + r.names[0] +
-                       "\": " + s.ToString());
+      return TransportFailed(std::string("the transport during ") +
+                                 ResponseTypeName(r.type) + " \"" +
+                                 r.names[0] + "\"",
+                             s);
     }
     for (size_t k = 0; k < bucket.members.size(); ++k) {
       Finish(ok_entries_[bucket.members[k]], bucket_status_[k]);
@@ -880,8 +957,108 @@ bool Engine::Impl::Fatal(StatusCode code, const std::string& suffix) {
       sticky_suffix_ = suffix;
     }
   }
-  LogLine(rank_, "engine stopped: every pending and future collective " + suffix);
+  LogLine(self_.empty() ? mpistrategy::DescribeRank(rank_, {}) : self_,
+          "engine stopped: every pending and future collective " + suffix);
   return false;
+}
+
+bool Engine::Impl::TransportFailed(const std::string& what,
+                                   const Status& s) {
+  if (peer_timeout_.load()) {
+    std::string message;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      message = peer_timeout_message_;
+    }
+    return Fatal(StatusCode::kUnavailable, "failed: " + message);
+  }
+  return Fatal(StatusCode::kUnavailable,
+               "failed because " + what + " failed: " + s.ToString());
+}
+
+// ---- peer monitor -------------------------------------------------------
+
+void Engine::Impl::StartMonitor() {
+  if (config_.peer_timeout_seconds <= 0.0 || size_ < 2) return;
+  if (!transport_->SupportsNotices()) {
+    LogLine(self_,
+            "peer_timeout_seconds is not enforced: the transport cannot "
+            "exchange heartbeats next to the collectives (MPI must provide "
+            "MPI_THREAD_MULTIPLE); a frozen, dead or unreachable rank makes "
+            "the others wait forever");
+    return;
+  }
+  auto monitor = std::make_shared<PeerMonitor>(
+      rank_, size_, peers_, config_.peer_timeout_seconds,
+      config_.stall_warning_seconds, clock_());
+  monitor_thread_ = std::thread([this, monitor] { MonitorLoop(monitor.get()); });
+  pthread_setname_np(monitor_thread_.native_handle(), "mpistrategy-mon");
+}
+
+void Engine::Impl::StopMonitor() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    monitor_stop_ = true;
+  }
+  monitor_cv_.notify_all();
+  if (monitor_thread_.joinable()) monitor_thread_.join();
+}
+
+void Engine::Impl::MonitorLoop(PeerMonitor* monitor) {
+  const auto period = std::chrono::duration<double>(
+      monitor->heartbeat_seconds() / 2);
+  bool post_failed = false;
+  for (;;) {
+    const double now = clock_();
+    for (;;) {
+      int from = -1;
+      std::string bytes;
+      bool got = false;
+      if (!transport_->TakeNotice(&from, &bytes, &got).ok() || !got) break;
+      monitor->OnNotice(from, bytes, now);
+    }
+    PeerMonitor::Actions actions = monitor->Tick(now);
+    for (const auto& [to, bytes] : actions.sends) {
+      const Status s = transport_->PostNotice(to, bytes);
+      if (!s.ok() && !post_failed) {
+        post_failed = true;  // logged once; the timeout still works
+        LogLine(self_, "cannot send heartbeats: " + s.ToString());
+      }
+    }
+    for (const std::string& w : actions.warnings) LogLine(self_, w);
+    if (actions.timed_out) {
+      OnPeerTimeout(actions.message);
+      return;
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    if (monitor_cv_.wait_for(lock, period, [this] { return monitor_stop_; })) {
+      return;
+    }
+  }
+}
+
+void Engine::Impl::OnPeerTimeout(const std::string& message) {
+  LogLine(self_, message + ". Every pending and future collective of " +
+                     self_ + " fails with UNAVAILABLE and the job ends.");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    peer_timeout_message_ = message;
+    peer_timeout_ = true;
+  }
+  wake_cv_.notify_all();
+  if (!on_peer_timeout_) return;
+  // A moment for the engine thread to fail the pending collectives (the
+  // Python code sees the error) and for rank 0's abort notices to leave;
+  // MPI moves them only inside MPI calls, hence TakeNotice.
+  const double until = clock_() + kPeerTimeoutGraceSeconds;
+  while (clock_() < until) {
+    int from = -1;
+    std::string bytes;
+    bool got = false;
+    transport_->TakeNotice(&from, &bytes, &got);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  on_peer_timeout_(message);
 }
 
 // ---- fusion parameters and autotune ------------------------------------
@@ -962,6 +1139,7 @@ namespace {
 // Engine::Create's rank-local part: validates `config` and opens this rank's
 // files.
 Status OpenEngineFiles(const EngineConfig& config, int rank,
+                       const PeerInfo& me,
                        std::unique_ptr<Timeline>* timeline,
                        std::FILE** autotune_log) {
   MPISTRATEGY_RETURN_IF_ERROR(config.Validate());
@@ -969,8 +1147,11 @@ Status OpenEngineFiles(const EngineConfig& config, int rank,
   const std::string timeline_file =
       Timeline::PathForRank(config.timeline_path, rank);
   if (!timeline_file.empty()) {
+    Timeline::Options options;
+    options.process_name = "rank " + std::to_string(rank) + " (host " +
+                           me.host + ", pid " + std::to_string(me.pid) + ")";
     MPISTRATEGY_RETURN_IF_ERROR(
-        Timeline::Open(timeline_file, rank, Timeline::Options(), timeline));
+        Timeline::Open(timeline_file, rank, options, timeline));
   }
   // Rank 0 appends the autotuner's CSV log (header first when new).
   if (config.autotune && !config.autotune_log.empty() && rank == 0) {
@@ -993,24 +1174,27 @@ Status OpenEngineFiles(const EngineConfig& config, int rank,
 
 Status Engine::Create(const EngineConfig& config,
                       std::unique_ptr<Transport> transport,
-                      std::unique_ptr<Engine>* engine) {
+                      std::unique_ptr<Engine>* engine,
+                      PeerTimeoutHandler on_peer_timeout) {
   if (transport == nullptr) {
     return Status::InvalidArgument("Engine::Create: transport is null");
   }
   std::unique_ptr<Timeline> timeline;
   std::FILE* autotune_log = nullptr;
   const Status local =
-      OpenEngineFiles(config, transport->rank(), &timeline, &autotune_log);
+      OpenEngineFiles(config, transport->rank(), transport->peer_info(),
+                      &timeline, &autotune_log);
   if (!local.ok()) {
     if (autotune_log != nullptr) std::fclose(autotune_log);
     // The other ranks' engines wait for this rank's startup report; failing
     // without it would leave them hanging (see AgreeOnStartup).
-    AgreeOnStartup(transport.get(), local, config.cache_capacity);
+    std::vector<PeerInfo> peers;
+    AgreeOnStartup(transport.get(), local, config.cache_capacity, &peers);
     return local;
   }
   std::unique_ptr<Engine> e(new Engine());
   e->impl_.reset(new Impl(config, std::move(transport), std::move(timeline),
-                          autotune_log));
+                          autotune_log, std::move(on_peer_timeout)));
   e->impl_->Start();
   *engine = std::move(e);
   return Status::Ok();
@@ -1041,6 +1225,9 @@ int Engine::size() const { return impl_->size_; }
 int Engine::local_rank() const { return impl_->transport_->local_rank(); }
 int Engine::local_size() const { return impl_->transport_->local_size(); }
 const EngineConfig& Engine::config() const { return impl_->config_; }
+std::string Engine::DescribeRank(int rank) const {
+  return impl_->DescribeRankLocked(rank);
+}
 EngineStats Engine::stats() const { return impl_->stats(); }
 TunedParameters Engine::tuned_parameters() const {
   return impl_->tuned_parameters();

@@ -92,6 +92,13 @@ struct EngineStats {
 // status says why (the rank must still take part in the collective).
 Status AllocateOutput(TensorEntry* entry, const Shape& shape, void** data);
 
+// Called once, on the peer monitor's thread, about a second after a peer
+// timeout (EngineConfig::peer_timeout_seconds) failed this rank's
+// collectives, with the message naming the silent ranks.  The process
+// embedding the engine ends the job here (the C ABI calls MPI_Abort); tests
+// pass none.
+using PeerTimeoutHandler = std::function<void(const std::string& message)>;
+
 class Engine {
  public:
   // Validates `config`, opens this rank's files (timeline, autotune log),
@@ -102,9 +109,15 @@ class Engine {
   // still takes part (and returns its error), and the other ranks' engines
   // stop, failing their collectives with FailedPrecondition naming that
   // rank and its error, instead of waiting for it forever.
+  //
+  // With EngineConfig::peer_timeout_seconds > 0 (and more than one rank) a
+  // monitor thread watches the other ranks (peer_monitor.h); when they go
+  // silent, every pending and future collective fails with Unavailable
+  // naming them, and `on_peer_timeout` (if set) is called.
   static Status Create(const EngineConfig& config,
                        std::unique_ptr<Transport> transport,
-                       std::unique_ptr<Engine>* engine);
+                       std::unique_ptr<Engine>* engine,
+                       PeerTimeoutHandler on_peer_timeout = nullptr);
 
   // Fails every pending entry with Aborted and joins the thread.  Tells the
   // other ranks' engines, which fail their pending entries too.
@@ -140,7 +153,7 @@ class Engine {
   void Abort(const std::string& reason, double timeout_seconds);
 
   // Thread-safe.  True once the background thread has stopped (a remote
-  // shutdown, Abort, a stall timeout or a transport error): every Enqueue
+  // shutdown, Abort, a peer timeout or a transport error): every Enqueue
   // then fails with the sticky error.
   bool stopped() const;
   int rank() const;
@@ -148,6 +161,9 @@ class Engine {
   int local_rank() const;
   int local_size() const;
   const EngineConfig& config() const;
+  // Thread-safe.  "rank N (host H, pid P)" for rank `rank`, from the
+  // identities the engines exchanged at startup ("rank N" before that).
+  std::string DescribeRank(int rank) const;
 
   // Thread-safe snapshot of the counters.
   EngineStats stats() const;

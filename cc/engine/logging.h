@@ -9,6 +9,8 @@
 namespace mpistrategy {
 
 void LogLine(int rank, const std::string& message);
+// "[mpistrategy <who>] message", e.g. who = "rank 1 (host a, pid 7)".
+void LogLine(const std::string& who, const std::string& message);
 
 }  // namespace mpistrategy
 

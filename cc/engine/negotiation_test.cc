@@ -1004,7 +1004,10 @@ TEST(Negotiation, StallTimeoutFailsWaitingRanks) {
         EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
         EXPECT_TRUE(Contains(s.message(), std::string("Collective \"") + name +
                                               "\" timed out") &&
-                    Contains(s.message(), "waiting for ranks [1]"))
+                    Contains(s.message(),
+                             "waiting for rank 1 (host host0, pid 1001); "
+                             "rank 0 (host host0, pid 1000), rank 2 (host "
+                             "host0, pid 1002) submitted it"))
             << s.message();
       }
     }
@@ -1039,7 +1042,8 @@ TEST(Negotiation, AbortOnOneRankAbortsTheOthers) {
       Status s = Await(&f);
       EXPECT_EQ(s.code(), StatusCode::kAborted);
       EXPECT_TRUE(Contains(s.message(), "collective \"pending_x\" was aborted "
-                                        "because rank 1 stopped: rank 1 raised "
+                                        "because rank 1 (host host0, pid 1001) "
+                                        "stopped: rank 1 raised "
                                         "ValueError: boom"))
           << s.message();
     }
@@ -1071,7 +1075,10 @@ TEST(Negotiation, DestroyAndRecreate) {
     c.engines[1].reset();  // tells rank 0's engine too
     Status s = Await(&f, 10.0);
     EXPECT_EQ(s.code(), StatusCode::kAborted);
-    EXPECT_TRUE(Contains(s.message(), "rank 1 stopped: rank 1 shut down")) << s.message();
+    EXPECT_TRUE(Contains(s.message(),
+                         "rank 1 (host host0, pid 1001) stopped: rank 1 "
+                         "(host host0, pid 1001) shut down"))
+        << s.message();
     c.engines[0].reset();
   }
 }

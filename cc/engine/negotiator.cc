@@ -161,7 +161,7 @@ void Negotiator::AddRequestList(int rank, const RequestList& list) {
     shutdown_ = true;
     shutdown_rank_ = rank;
     shutdown_reason_ = list.shutdown_reason.empty()
-                           ? "rank " + std::to_string(rank) + " shut down"
+                           ? DescribeRank(rank, peers_) + " shut down"
                            : list.shutdown_reason;
   }
   for (const Request& q : list.requests) {
@@ -205,7 +205,7 @@ ResponseList Negotiator::ComputeResponses(std::vector<std::string>* warnings) {
                            ? a->first_seen_seconds < b->first_seen_seconds
                            : a->name < b->name;
               });
-    StallReport report = stall_.Inspect(pending, clock_());
+    StallReport report = stall_.Inspect(pending, clock_(), peers_);
     for (std::string& w : report.warnings) warnings->push_back(std::move(w));
     for (StallTimeout& t : report.timeouts) {
       Response r;

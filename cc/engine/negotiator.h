@@ -101,6 +101,9 @@ class Negotiator {
   // Names announced by some but not all ranks.
   size_t num_pending() const { return table_.size(); }
 
+  // Every rank's host and pid, for naming ranks in messages.
+  void SetPeers(std::vector<PeerInfo> peers) { peers_ = std::move(peers); }
+
  private:
   struct Entry {
     PendingCollective pending;
@@ -111,6 +114,7 @@ class Negotiator {
   int world_size_;
   StallInspector stall_;
   Clock clock_;
+  std::vector<PeerInfo> peers_;
   std::unordered_map<std::string, Entry> table_;
   // Names announced by every rank, in completion order.
   std::vector<std::string> ready_;

@@ -11,7 +11,8 @@ double SteadyClockSeconds() {
 }
 
 StallReport StallInspector::Inspect(
-    const std::vector<PendingCollective*>& pending, double now) const {
+    const std::vector<PendingCollective*>& pending, double now,
+    const std::vector<PeerInfo>& peers) const {
   StallReport report;
   int suppressed = 0;
   for (PendingCollective* p : pending) {
@@ -28,8 +29,8 @@ StallReport StallInspector::Inspect(
       t.submitted_ranks.assign(have.begin(), have.end());
       t.status = Status::DeadlineExceeded(
           "Collective \"" + p->name + "\" timed out after " +
-          FormatSeconds(timeout_seconds_) + " s waiting for ranks " +
-          RanksString(missing) + "; ranks " + RanksString(have) +
+          FormatSeconds(timeout_seconds_) + " s waiting for " +
+          DescribeRanks(missing, peers) + "; " + DescribeRanks(have, peers) +
           " submitted it. Every rank must run the same collectives with the "
           "same names (stall_timeout_seconds = " +
           FormatSeconds(timeout_seconds_) + ").");
@@ -43,9 +44,9 @@ StallReport StallInspector::Inspect(
         continue;
       }
       report.warnings.push_back("Stalled: collective \"" + p->name +
-                                "\" was submitted by ranks " +
-                                RanksString(have) + " but not by ranks " +
-                                RanksString(missing) + " for " +
+                                "\" was submitted by " +
+                                DescribeRanks(have, peers) + " but not by " +
+                                DescribeRanks(missing, peers) + " for " +
                                 FormatSeconds(waited) + " s");
     }
   }

@@ -65,9 +65,11 @@ class StallInspector {
 
   // Inspects `pending` (entries some ranks are still missing) at time `now`.
   // Marks warned entries.  Entries returned as timeouts must be removed from
-  // the table by the caller.
+  // the table by the caller.  Messages name ranks with their host and pid
+  // from `peers` (DescribeRank).
   StallReport Inspect(const std::vector<PendingCollective*>& pending,
-                      double now) const;
+                      double now,
+                      const std::vector<PeerInfo>& peers = {}) const;
 
  private:
   double warning_seconds_;

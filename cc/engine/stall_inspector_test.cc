@@ -23,11 +23,13 @@ TEST(StallInspector, WarnsOncePerTensorWithRanks) {
   PendingCollective x = Make("X", 100.0, {true, false, true});
   std::vector<PendingCollective*> table = {&x};
   EXPECT_TRUE(inspector.Inspect(table, 159.0).warnings.empty());
-  StallReport r = inspector.Inspect(table, 161.0);
+  const std::vector<PeerInfo> peers = {{"a", 7}, {"b", 8}, {"a", 9}};
+  StallReport r = inspector.Inspect(table, 161.0, peers);
   ASSERT_EQ(r.warnings.size(), 1u);
   EXPECT_EQ(r.warnings[0],
-            "Stalled: collective \"X\" was submitted by ranks [0, 2] but not "
-            "by ranks [1] for 61 s");
+            "Stalled: collective \"X\" was submitted by rank 0 (host a, pid "
+            "7), rank 2 (host a, pid 9) but not by rank 1 (host b, pid 8) for "
+            "61 s");
   EXPECT_TRUE(r.timeouts.empty());
   EXPECT_TRUE(inspector.Inspect(table, 500.0).warnings.empty());
 }
@@ -57,9 +59,20 @@ TEST(StallInspector, TimeoutNamesMissingAndSubmittingRanks) {
   EXPECT_EQ(r.timeouts[0].submitted_ranks, (std::vector<int32_t>{1, 2}));
   EXPECT_EQ(r.timeouts[0].status.code(), StatusCode::kDeadlineExceeded);
   EXPECT_EQ(r.timeouts[0].status.message().rfind(
-                "Collective \"X\" timed out after 30 s waiting for ranks [0]",
+                "Collective \"X\" timed out after 30 s waiting for rank 0; "
+                "rank 1, rank 2 submitted it",
                 0),
             0u);
+  // With the peers' identities, every rank is named with host and pid.
+  PendingCollective y = Make("Y", 0.0, {false, true});
+  std::vector<PendingCollective*> one = {&y};
+  r = inspector.Inspect(one, 31.0, {{"h0", 10}, {"h1", 11}});
+  ASSERT_EQ(r.timeouts.size(), 1u);
+  EXPECT_EQ(r.timeouts[0].status.message().rfind(
+                "Collective \"Y\" timed out after 30 s waiting for rank 0 "
+                "(host h0, pid 10); rank 1 (host h1, pid 11) submitted it",
+                0),
+            0u) << r.timeouts[0].status.message();
   EXPECT_FALSE(inspector.enabled() == false);
   EXPECT_FALSE(StallInspector(0.0, 0.0).enabled());
 }

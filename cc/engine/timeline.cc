@@ -134,7 +134,10 @@ Timeline::Timeline(std::FILE* out, std::string file, int rank,
   Event process;
   process.phase = 'M';
   process.name = kProcessName;
-  process.args = TimelineArgs().Add("name", "rank " + std::to_string(rank))
+  process.args = TimelineArgs()
+                     .Add("name", options.process_name.empty()
+                                      ? "rank " + std::to_string(rank)
+                                      : options.process_name)
                      .Json();
   Push(std::move(process));
   Event cycles;

@@ -82,6 +82,8 @@ class Timeline {
     // The writer wakes this often (and when the queue overflows, and at
     // destruction) to write and flush what was queued.
     double flush_interval_seconds = 0.1;
+    // The process row's name; empty: "rank N".
+    std::string process_name;
   };
 
   // The file `rank` writes for EngineConfig::timeline_path `path`, or "" when

@@ -669,7 +669,8 @@ TEST(TimelineEngine, ARankThatCannotStartFailsTheOthersInsteadOfHanging) {
             std::future_status::ready);
   const Status got = result.get();
   EXPECT_EQ(got.code(), StatusCode::kFailedPrecondition) << got.ToString();
-  EXPECT_TRUE(Contains(got.message(), "rank 0 could not start"))
+  EXPECT_TRUE(Contains(got.message(),
+                       "rank 0 (host host0, pid 1000) could not start"))
       << got.message();
   EXPECT_TRUE(Contains(got.message(), file)) << got.message();
 }

@@ -11,12 +11,20 @@
 
 #include <mpi.h>
 
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "cc/engine/common.h"
 #include "cc/engine/config.h"
@@ -36,8 +44,109 @@ namespace {
 // then finalize.  Normally mpistrategy.shutdown (Python atexit) has already
 // stopped the engine.
 void FinalizeMpiAtExit() {
+  // A fork child exiting normally must not finalize the parent's MPI.
+  if (EngineHolder::Instance().IsForkedChild()) return;
   EngineHolder::Instance().Shutdown();
   FinalizeMpiIfWeInitialized();
+}
+
+// Exit status of a process ended by a peer timeout (StatusCode kUnavailable).
+constexpr int kPeerTimeoutExitCode = 14;
+// How long MPI_Abort may take before the process ends itself with _exit
+// (MPI_Abort can hang when mpirun is unreachable, e.g. on the far side of
+// a network partition).
+constexpr double kAbortFallbackSeconds = 3.0;
+
+// How long the launcher process that started this rank (mpirun, or the
+// orted of this host) may outlive MPI_Abort before a peer-timeout exit ends
+// it too.
+constexpr unsigned kLauncherGraceSeconds = 4;
+
+// True for the Open MPI / PRRTE processes that start ranks.  Never for a
+// shell, srun/slurmstepd or a user's own supervisor.
+bool IsOpenMpiLauncher(const std::string& comm) {
+  for (const char* name : {"mpirun", "mpiexec", "orterun", "orted", "prterun",
+                           "prted", "prte"}) {
+    if (comm == name) return true;
+  }
+  return false;
+}
+
+// After a peer timeout the job is over, but Open MPI's launcher may not know
+// it: after MPI_Abort, mpirun waits for every daemon of the job, and one
+// that a network partition cut off never answers (until TCP gives up, about
+// 15 minutes later), so mpirun and the far side's orted would outlive the
+// job.  A detached watcher process therefore ends this rank's launcher
+// (SIGTERM, then SIGKILL) if it is still there kLauncherGraceSeconds after
+// the abort.  When mpirun ends the job normally, the watcher finds it gone
+// and does nothing.
+void ArmLauncherReaper() {
+  const pid_t launcher = getppid();
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%ld/comm",
+                static_cast<long>(launcher));
+  std::FILE* file = std::fopen(path, "r");
+  if (file == nullptr) return;
+  char comm[64] = {0};
+  const bool read = std::fgets(comm, sizeof(comm), file) != nullptr;
+  std::fclose(file);
+  if (!read) return;
+  std::string name(comm);
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) {
+    name.pop_back();
+  }
+  if (!IsOpenMpiLauncher(name)) return;
+  char note[256];
+  const int note_length = std::snprintf(
+      note, sizeof(note),
+      "[mpistrategy] %s (pid %ld) still runs %u s after MPI_Abort (a host it "
+      "waits for is unreachable?): ending it\n",
+      name.c_str(), static_cast<long>(launcher), kLauncherGraceSeconds);
+  // Only async-signal-safe calls after fork() in this multi-threaded
+  // process.  The double fork detaches the watcher from this rank (not a
+  // zombie of ours; its own session, so signals to the job's process group
+  // do not reach it).
+  const pid_t child = fork();
+  if (child != 0) {
+    if (child > 0) waitpid(child, nullptr, 0);
+    return;
+  }
+  setsid();
+  if (fork() != 0) _exit(0);
+  for (unsigned waited = 0; waited < kLauncherGraceSeconds; ++waited) {
+    sleep(1);
+    if (kill(launcher, 0) != 0) _exit(0);  // the job ended normally
+  }
+  if (note_length > 0) {
+    (void)!write(STDERR_FILENO, note,
+                 std::min<size_t>(note_length, sizeof(note) - 1));
+  }
+  kill(launcher, SIGTERM);
+  sleep(2);
+  kill(launcher, SIGKILL);
+  _exit(0);
+}
+
+// The engine's PeerTimeoutHandler: the engine has failed this rank's
+// collectives and printed why; end the whole job even if Python caught the
+// error.  MPI_Abort makes mpirun kill every rank it can reach; the launcher
+// reaper ends mpirun (and a cut-off host's orted) if a daemon it waits for
+// is unreachable.
+void EndJobAfterPeerTimeout(const std::string& message) {
+  (void)message;  // already printed by the engine
+  ArmLauncherReaper();
+  std::thread([] {
+    std::this_thread::sleep_for(
+        std::chrono::duration<double>(kAbortFallbackSeconds));
+    std::fprintf(stderr,
+                 "[mpistrategy] MPI_Abort did not end pid %ld within %.0f s "
+                 "after the peer timeout; exiting\n",
+                 static_cast<long>(getpid()), kAbortFallbackSeconds);
+    std::fflush(stderr);
+    std::_Exit(kPeerTimeoutExitCode);
+  }).detach();
+  MPI_Abort(MPI_COMM_WORLD, kPeerTimeoutExitCode);
+  std::_Exit(kPeerTimeoutExitCode);
 }
 
 // Initializes MPI if needed (MpiTransport's EnsureMpiInitialized cooperates
@@ -79,7 +188,8 @@ int mpistrategy_init(int64_t fusion_threshold_bytes, double cycle_time_ms,
                      double fusion_wait_ms, int autotune,
                      const char* autotune_log,
                      int32_t cache_capacity, double stall_warning_seconds,
-                     double stall_timeout_seconds, const char* timeline_path,
+                     double stall_timeout_seconds,
+                     double peer_timeout_seconds, const char* timeline_path,
                      int hierarchical_allreduce, char* error_buf,
                      int error_len) {
   mpistrategy::EngineConfig config;
@@ -91,10 +201,12 @@ int mpistrategy_init(int64_t fusion_threshold_bytes, double cycle_time_ms,
   config.cache_capacity = cache_capacity;
   config.stall_warning_seconds = stall_warning_seconds;
   config.stall_timeout_seconds = stall_timeout_seconds;
+  config.peer_timeout_seconds = peer_timeout_seconds;
   config.timeline_path = timeline_path == nullptr ? "" : timeline_path;
   config.hierarchical_allreduce = hierarchical_allreduce != 0;
   const mpistrategy::Status status = mpistrategy::EngineHolder::Instance().Init(
-      config, mpistrategy::CreateWorldTransport);
+      config, mpistrategy::CreateWorldTransport,
+      mpistrategy::EndJobAfterPeerTimeout);
   mpistrategy::CopyMessage(status.message(), error_buf, error_len);
   return static_cast<int>(status.code());
 }
@@ -112,15 +224,37 @@ void mpistrategy_abort(const char* reason, double timeout_seconds) {
                                               timeout_seconds);
 }
 
-// MPI_Abort(MPI_COMM_WORLD, code): ends every rank of the job.  Without a
-// usable MPI it ends only this process.
+// MPI_Abort(MPI_COMM_WORLD, code): ends every rank of the job (and, like a
+// peer timeout, arms the launcher reaper, so an unreachable host cannot keep
+// mpirun alive).  Without a usable MPI it ends only this process.
 void mpistrategy_mpi_abort(int code) {
+  // A fork child is no MPI process: end only itself.
+  if (mpistrategy::EngineHolder::Instance().IsForkedChild()) std::_Exit(code);
   int initialized = 0;
   int finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+  if (initialized && !finalized) {
+    mpistrategy::ArmLauncherReaper();
+    MPI_Abort(MPI_COMM_WORLD, code);
+  }
   std::_Exit(code);
+}
+
+// Copies "rank N (host H, pid P)" for `rank` (as in the engine's messages)
+// to buffer and returns 0, or returns -1 when not initialized.
+int mpistrategy_describe_rank(int rank, char* buffer, int length) {
+  std::shared_ptr<mpistrategy::Engine> engine =
+      mpistrategy::EngineHolder::Instance().Get();
+  if (engine == nullptr) return -1;
+  mpistrategy::CopyMessage(engine->DescribeRank(rank), buffer, length);
+  return 0;
+}
+
+// 1 in a process forked from the one that initialized mpistrategy (where
+// collectives fail at once), else 0.
+int mpistrategy_is_forked_child() {
+  return mpistrategy::EngineHolder::Instance().IsForkedChild() ? 1 : 0;
 }
 
 int mpistrategy_is_initialized() {

@@ -70,6 +70,14 @@ class CollectiveKernel : public AsyncOpKernel {
       ctx->SetStatus(absl::FailedPreconditionError(
           "mpistrategy is not initialized; call mpistrategy.init()"));
       done();
+      return nullptr;
+    }
+    // A fork child would enqueue to an engine whose thread is not there.
+    const Status forked = EngineHolder::Instance().ForkedChildError();
+    if (!forked.ok()) {
+      ctx->SetStatus(ToTfStatus(forked));
+      done();
+      return nullptr;
     }
     return engine;
   }

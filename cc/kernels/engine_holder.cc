@@ -1,5 +1,7 @@
 #include "cc/kernels/engine_holder.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <sstream>
 #include <string>
@@ -31,6 +33,8 @@ std::string ConfigDifferences(const EngineConfig& running,
         requested.stall_warning_seconds);
   field("stall_timeout_seconds", running.stall_timeout_seconds,
         requested.stall_timeout_seconds);
+  field("peer_timeout_seconds", running.peer_timeout_seconds,
+        requested.peer_timeout_seconds);
   field("timeline", "'" + running.timeline_path + "'",
         "'" + requested.timeline_path + "'");
   field("hierarchical_allreduce", running.hierarchical_allreduce,
@@ -51,9 +55,43 @@ std::shared_ptr<Engine> EngineHolder::Get() const {
   return engine_;
 }
 
+bool EngineHolder::IsForkedChild() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return owner_pid_ != 0 && owner_pid_ != static_cast<int64_t>(getpid());
+}
+
+Status EngineHolder::ForkedChildError() const {
+  std::shared_ptr<Engine> engine;
+  int64_t owner = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (owner_pid_ == 0 || owner_pid_ == static_cast<int64_t>(getpid())) {
+      return Status::Ok();
+    }
+    engine = engine_;
+    owner = owner_pid_;
+  }
+  const std::string parent =
+      engine != nullptr ? engine->DescribeRank(engine->rank())
+                        : "an MPI rank";
+  return Status::FailedPrecondition(
+      "mpistrategy cannot be used in process " +
+      std::to_string(static_cast<int64_t>(getpid())) +
+      ", which was forked (os.fork, or multiprocessing's 'fork' start "
+      "method) from " + parent +
+      " after mpistrategy was initialized there (pid " +
+      std::to_string(owner) +
+      "): MPI and mpistrategy's engine thread do not survive fork, so a "
+      "collective here would wait forever. Run collectives in the MPI rank "
+      "itself; worker processes must not call them (start them with the "
+      "'spawn' or 'forkserver' method if they need TensorFlow)");
+}
+
 Status EngineHolder::Init(const EngineConfig& config,
-                          const TransportFactory& factory) {
+                          const TransportFactory& factory,
+                          PeerTimeoutHandler on_peer_timeout) {
   std::lock_guard<std::mutex> lifecycle(lifecycle_mu_);
+  MPISTRATEGY_RETURN_IF_ERROR(ForkedChildError());
   if (std::shared_ptr<Engine> running = Get(); running && running->stopped()) {
     running.reset();
     ShutdownLocked();
@@ -69,10 +107,11 @@ Status EngineHolder::Init(const EngineConfig& config,
   std::unique_ptr<Transport> transport;
   MPISTRATEGY_RETURN_IF_ERROR(factory(&transport));
   std::unique_ptr<Engine> engine;
-  MPISTRATEGY_RETURN_IF_ERROR(
-      Engine::Create(config, std::move(transport), &engine));
+  MPISTRATEGY_RETURN_IF_ERROR(Engine::Create(
+      config, std::move(transport), &engine, std::move(on_peer_timeout)));
   std::lock_guard<std::mutex> lock(mu_);
   engine_ = std::move(engine);
+  owner_pid_ = static_cast<int64_t>(getpid());
   return Status::Ok();
 }
 
@@ -83,11 +122,19 @@ void EngineHolder::Shutdown() {
 
 void EngineHolder::ShutdownLocked() {
   std::shared_ptr<Engine> engine;
+  bool forked = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    forked = owner_pid_ != static_cast<int64_t>(getpid());
     engine.swap(engine_);
   }
   if (engine == nullptr) return;
+  if (forked) {
+    // Destroying it would join a thread that does not exist here and free
+    // the parent's communicators: leak this copy instead.
+    new std::shared_ptr<Engine>(std::move(engine));
+    return;
+  }
   // Kernels hold a reference only while they call Enqueue, so this wait is
   // short.  Waiting here (instead of letting the last kernel destroy the
   // engine) guarantees the engine, its thread and its communicator are gone
@@ -99,6 +146,7 @@ void EngineHolder::ShutdownLocked() {
 }
 
 void EngineHolder::Abort(const std::string& reason, double timeout_seconds) {
+  if (IsForkedChild()) return;
   if (std::shared_ptr<Engine> engine = Get()) {
     engine->Abort(reason, timeout_seconds);
   }

@@ -37,12 +37,24 @@ class EngineHolder {
   // again with an equal config is a no-op; with a different config it fails
   // with FailedPrecondition naming the differing fields.  An engine that
   // stopped on an error (Engine::stopped) is replaced, whatever the config:
-  // like the first Init, that is collective.
-  Status Init(const EngineConfig& config, const TransportFactory& factory);
+  // like the first Init, that is collective.  `on_peer_timeout` goes to
+  // Engine::Create.  In a process forked from the one that created the
+  // engine it fails with ForkedChildError().
+  Status Init(const EngineConfig& config, const TransportFactory& factory,
+              PeerTimeoutHandler on_peer_timeout = nullptr);
+
+  // Thread-safe.  OK, or FailedPrecondition when this process is a fork
+  // child of the process that created the engine: the engine's thread and
+  // MPI do not survive fork, so a collective there would wait forever.
+  Status ForkedChildError() const;
+  // Thread-safe.  True in such a fork child (also after its Shutdown).
+  bool IsForkedChild() const;
 
   // Thread-safe.  Destroys the engine (pending entries fail with Aborted and
   // the other ranks are told) once no kernel holds a reference any more.
-  // A no-op when not initialized.
+  // A no-op when not initialized.  In a fork child the engine is dropped
+  // without being destroyed (its thread does not exist there, and its MPI
+  // communicators belong to the parent).
   void Shutdown();
 
   // Thread-safe.  Tells every rank's engine to fail its pending and future
@@ -61,6 +73,9 @@ class EngineHolder {
   // Guards engine_; held only to copy or swap the pointer.
   mutable std::mutex mu_;
   std::shared_ptr<Engine> engine_;
+  // The process that created an engine (getpid() at the last successful
+  // Init; kept after Shutdown), 0 before; guarded by mu_.
+  int64_t owner_pid_ = 0;
 };
 
 }  // namespace mpistrategy

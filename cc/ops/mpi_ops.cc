@@ -33,6 +33,12 @@ absl::Status UnknownFirstDimShape(InferenceContext* c) {
 
 }  // namespace
 
+// Every op is marked SetIsDistributedCommunication, like TensorFlow's own
+// collectives: TensorFlow otherwise turns an UNAVAILABLE status of an op
+// inside a tf.function into INTERNAL, and a peer timeout (UNAVAILABLE, see
+// EngineConfig::peer_timeout_seconds) would reach Keras' fit as an
+// InternalError.
+//
 // Attribute spellings shared with cc/kernels (kernel attribute parsing) and
 // mpistrategy/ops/mpi_ops.py.
 #define MPISTRATEGY_ALL_TYPES \
@@ -49,6 +55,7 @@ REGISTER_OP("MpiStrategyAllreduce")
     .Attr(MPISTRATEGY_REDUCE_OP_ATTR)
     .Attr("tensor_name: string = ''")
     .SetIsStateful()
+    .SetIsDistributedCommunication()
     .SetShapeFn(::tensorflow::shape_inference::UnchangedShape)
     .Doc(R"doc(
 Reduces a tensor element-wise across all ranks; every rank gets the result.
@@ -72,6 +79,7 @@ REGISTER_OP("MpiStrategyGroupedAllreduce")
     .Attr("tensor_name: string = ''")
     .Attr("pack: bool = true")
     .SetIsStateful()
+    .SetIsDistributedCommunication()
     .SetShapeFn([](InferenceContext* c) {
       for (int i = 0; i < c->num_inputs(); ++i) c->set_output(i, c->input(i));
       return absl::OkStatus();
@@ -102,6 +110,7 @@ REGISTER_OP("MpiStrategyAllgather")
     .Attr("T: " MPISTRATEGY_ALL_TYPES)
     .Attr("tensor_name: string = ''")
     .SetIsStateful()
+    .SetIsDistributedCommunication()
     .SetShapeFn(UnknownFirstDimShape)
     .Doc(R"doc(
 Concatenates every rank's tensor along the first dimension, in rank order.
@@ -120,6 +129,7 @@ REGISTER_OP("MpiStrategyBroadcast")
     .Attr("root_rank: int = 0")
     .Attr("tensor_name: string = ''")
     .SetIsStateful()
+    .SetIsDistributedCommunication()
     .SetShapeFn(::tensorflow::shape_inference::UnchangedShape)
     .Doc(R"doc(
 Copies the root rank's tensor to every rank.
@@ -140,6 +150,7 @@ REGISTER_OP("MpiStrategyReducescatter")
     .Attr(MPISTRATEGY_REDUCE_OP_ATTR)
     .Attr("tensor_name: string = ''")
     .SetIsStateful()
+    .SetIsDistributedCommunication()
     .SetShapeFn(UnknownFirstDimShape)
     .Doc(R"doc(
 Reduces a tensor across ranks and leaves a block of its rows on each rank.
@@ -163,6 +174,7 @@ REGISTER_OP("MpiStrategyAlltoall")
     .Attr("Tsplits: {int32, int64} = DT_INT64")
     .Attr("tensor_name: string = ''")
     .SetIsStateful()
+    .SetIsDistributedCommunication()
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(UnknownFirstDimShape(c));
       ShapeHandle splits;
@@ -188,6 +200,7 @@ tensor_name: Pairs this collective across ranks.  Empty means the node name.
 REGISTER_OP("MpiStrategyBarrier")
     .Attr("tensor_name: string = ''")
     .SetIsStateful()
+    .SetIsDistributedCommunication()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
     .Doc(R"doc(
 Completes once every rank has reached the barrier with the same name.

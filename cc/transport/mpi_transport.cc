@@ -9,6 +9,8 @@
 
 #include "cc/engine/reduce_kernels.h"
 
+#include <unistd.h>
+
 namespace mpistrategy {
 
 namespace {
@@ -16,10 +18,16 @@ namespace {
 // Largest element count passed to one MPI call (MPI counts are int).
 constexpr int64_t kMaxChunk = INT_MAX;
 
+// Tag of notices on notice_comm_ (the only tag used there).
+constexpr int kNoticeTag = 7;
+
 // Whether EnsureMpiInitialized called MPI_Init_thread.  MPI initialisation
 // is itself process-wide state, so this one flag mirrors it; nothing else in
 // the library is global.
 std::atomic<bool> g_we_initialized_mpi{false};
+// ... in this process: a fork child inherits the flag but must not
+// finalize its parent's MPI.
+std::atomic<int64_t> g_initialized_in_pid{0};
 
 Status MpiError(int rc, const char* what) {
   char text[MPI_MAX_ERROR_STRING];
@@ -136,6 +144,7 @@ Status EnsureMpiInitialized(bool* we_initialized, int* provided_level) {
         "MPI_Init_thread");
     *we_initialized = true;
     g_we_initialized_mpi = true;
+    g_initialized_in_pid = static_cast<int64_t>(getpid());
   } else {
     MPISTRATEGY_MPI_CHECK(MPI_Query_thread(&provided), "MPI_Query_thread");
   }
@@ -144,6 +153,7 @@ Status EnsureMpiInitialized(bool* we_initialized, int* provided_level) {
 }
 
 void FinalizeMpiIfWeInitialized() {
+  if (g_initialized_in_pid.load() != static_cast<int64_t>(getpid())) return;
   if (!g_we_initialized_mpi.exchange(false)) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -191,6 +201,22 @@ Status MpiTransport::Init(MPI_Comm parent) {
                         "MPI_Comm_rank");
   MPISTRATEGY_MPI_CHECK(MPI_Comm_size(local_comm_, &local_size_),
                         "MPI_Comm_size");
+  MPISTRATEGY_MPI_CHECK(MPI_Comm_dup(comm_, &notice_comm_), "MPI_Comm_dup");
+  MPISTRATEGY_MPI_CHECK(
+      MPI_Comm_set_errhandler(notice_comm_, MPI_ERRORS_RETURN),
+      "MPI_Comm_set_errhandler");
+  int provided = 0;
+  MPISTRATEGY_MPI_CHECK(MPI_Query_thread(&provided), "MPI_Query_thread");
+  notices_supported_ = provided == MPI_THREAD_MULTIPLE;
+  notice_slots_.resize(static_cast<size_t>(size_) * kNoticeSlotsPerRank);
+  char host[MPI_MAX_PROCESSOR_NAME + 1] = {0};
+  int host_len = 0;
+  if (MPI_Get_processor_name(host, &host_len) == MPI_SUCCESS && host_len > 0) {
+    peer_info_.host.assign(host, host_len);
+  } else {
+    peer_info_ = LocalPeerInfo();
+  }
+  peer_info_.pid = static_cast<int64_t>(getpid());
   MPISTRATEGY_MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &half_type_),
                         "MPI_Type_contiguous");
   MPISTRATEGY_MPI_CHECK(MPI_Type_commit(&half_type_), "MPI_Type_commit");
@@ -223,6 +249,12 @@ MpiTransport::~MpiTransport() {
     }
   }
   if (half_type_ != MPI_DATATYPE_NULL) MPI_Type_free(&half_type_);
+  // A notice to a rank that never took it stays in flight; MPI completes
+  // (or drops) it after the request is freed.
+  for (NoticeSlot& slot : notice_slots_) {
+    if (slot.request != MPI_REQUEST_NULL) MPI_Request_free(&slot.request);
+  }
+  if (notice_comm_ != MPI_COMM_NULL) MPI_Comm_free(&notice_comm_);
   if (local_comm_ != MPI_COMM_NULL) MPI_Comm_free(&local_comm_);
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
@@ -306,9 +338,75 @@ Status MpiTransport::WaitPolitely(MPI_Request* request, const char* what) {
     MPISTRATEGY_MPI_CHECK(MPI_Test(request, &done, MPI_STATUS_IGNORE), what);
     if (done) return Status::Ok();
     if (std::chrono::steady_clock::now() < spin_until) continue;
+    if (wait_hook_) {
+      // The request is abandoned: its peers are gone or the engine stops.
+      MPISTRATEGY_RETURN_IF_ERROR(wait_hook_());
+    }
     std::this_thread::sleep_for(sleep);
     sleep = std::min(sleep * 2, kMaxSleep);
   }
+}
+
+Status MpiTransport::BroadcastPolled(void* buffer, int64_t bytes,
+                                     int root_rank) {
+  char* p = static_cast<char*>(buffer);
+  for (int64_t done = 0; done < bytes; done += kMaxChunk) {
+    const int n = static_cast<int>(std::min(kMaxChunk, bytes - done));
+    MPI_Request request;
+    MPISTRATEGY_MPI_CHECK(
+        MPI_Ibcast(p + done, n, MPI_BYTE, root_rank, comm_, &request),
+        "MPI_Ibcast");
+    MPISTRATEGY_RETURN_IF_ERROR(WaitPolitely(&request, "MPI_Ibcast"));
+  }
+  return Status::Ok();
+}
+
+Status MpiTransport::PostNotice(int to_rank, const std::string& bytes) {
+  if (to_rank < 0 || to_rank >= size_ || to_rank == rank_) {
+    return Status::InvalidArgument("PostNotice: bad rank " +
+                                   std::to_string(to_rank));
+  }
+  NoticeSlot* free_slot = nullptr;
+  for (int i = 0; i < kNoticeSlotsPerRank; ++i) {
+    NoticeSlot& slot = notice_slots_[to_rank * kNoticeSlotsPerRank + i];
+    if (slot.request != MPI_REQUEST_NULL) {
+      int done = 0;
+      MPISTRATEGY_MPI_CHECK(MPI_Test(&slot.request, &done, MPI_STATUS_IGNORE),
+                            "MPI_Test(notice)");
+      if (!done) continue;
+    }
+    if (free_slot == nullptr) free_slot = &slot;
+  }
+  if (free_slot == nullptr) return Status::Ok();  // that rank is not listening
+  free_slot->bytes = bytes;
+  MPISTRATEGY_MPI_CHECK(
+      MPI_Isend(free_slot->bytes.data(), static_cast<int>(bytes.size()),
+                MPI_BYTE, to_rank, kNoticeTag, notice_comm_,
+                &free_slot->request),
+      "MPI_Isend(notice)");
+  return Status::Ok();
+}
+
+Status MpiTransport::TakeNotice(int* from_rank, std::string* bytes,
+                                bool* got) {
+  *got = false;
+  int flag = 0;
+  MPI_Message message;
+  MPI_Status status;
+  MPISTRATEGY_MPI_CHECK(MPI_Improbe(MPI_ANY_SOURCE, kNoticeTag, notice_comm_,
+                                    &flag, &message, &status),
+                        "MPI_Improbe(notice)");
+  if (!flag) return Status::Ok();
+  int count = 0;
+  MPISTRATEGY_MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &count),
+                        "MPI_Get_count(notice)");
+  bytes->resize(static_cast<size_t>(count));
+  MPISTRATEGY_MPI_CHECK(MPI_Mrecv(count > 0 ? &(*bytes)[0] : nullptr, count,
+                                  MPI_BYTE, &message, MPI_STATUS_IGNORE),
+                        "MPI_Mrecv(notice)");
+  *from_rank = status.MPI_SOURCE;
+  *got = true;
+  return Status::Ok();
 }
 
 Status MpiTransport::GatherBytes(const std::string& mine,
@@ -317,9 +415,11 @@ Status MpiTransport::GatherBytes(const std::string& mine,
       static_cast<int64_t>(mine.size()), "negotiation message size"));
   int my_size = static_cast<int>(mine.size());
   counts_.resize(size_);
-  MPISTRATEGY_MPI_CHECK(MPI_Gather(&my_size, 1, MPI_INT, counts_.data(), 1,
-                                   MPI_INT, 0, comm_),
-                        "MPI_Gather");
+  MPI_Request request;
+  MPISTRATEGY_MPI_CHECK(MPI_Igather(&my_size, 1, MPI_INT, counts_.data(), 1,
+                                    MPI_INT, 0, comm_, &request),
+                        "MPI_Igather");
+  MPISTRATEGY_RETURN_IF_ERROR(WaitPolitely(&request, "MPI_Igather"));
   all->clear();
   int64_t total = 0;
   if (rank_ == 0) {
@@ -333,11 +433,12 @@ Status MpiTransport::GatherBytes(const std::string& mine,
   // Every rank must enter Gatherv; an oversized total is reported after.
   const bool too_big = rank_ == 0 && total > INT_MAX;
   MPISTRATEGY_MPI_CHECK(
-      MPI_Gatherv(mine.data(), my_size, MPI_BYTE,
-                  too_big ? nullptr : &gathered_[0], counts_.data(),
-                  displs_.empty() ? nullptr : displs_.data(), MPI_BYTE, 0,
-                  comm_),
-      "MPI_Gatherv");
+      MPI_Igatherv(mine.data(), my_size, MPI_BYTE,
+                   too_big ? nullptr : &gathered_[0], counts_.data(),
+                   displs_.empty() ? nullptr : displs_.data(), MPI_BYTE, 0,
+                   comm_, &request),
+      "MPI_Igatherv");
+  MPISTRATEGY_RETURN_IF_ERROR(WaitPolitely(&request, "MPI_Igatherv"));
   if (rank_ == 0) {
     MPISTRATEGY_RETURN_IF_ERROR(
         CheckIntRange(total, "total negotiation message size"));
@@ -350,11 +451,13 @@ Status MpiTransport::GatherBytes(const std::string& mine,
 
 Status MpiTransport::BroadcastBytes(std::string* bytes) {
   uint64_t n = bytes->size();
-  MPISTRATEGY_MPI_CHECK(MPI_Bcast(&n, 1, MPI_UINT64_T, 0, comm_),
-                        "MPI_Bcast(size)");
+  MPI_Request request;
+  MPISTRATEGY_MPI_CHECK(MPI_Ibcast(&n, 1, MPI_UINT64_T, 0, comm_, &request),
+                        "MPI_Ibcast(size)");
+  MPISTRATEGY_RETURN_IF_ERROR(WaitPolitely(&request, "MPI_Ibcast(size)"));
   if (rank_ != 0) bytes->resize(n);
   if (n == 0) return Status::Ok();
-  return Broadcast(&(*bytes)[0], static_cast<int64_t>(n), 0);
+  return BroadcastPolled(&(*bytes)[0], static_cast<int64_t>(n), 0);
 }
 
 Status MpiTransport::Allreduce(const void* in, void* out, int64_t count,
@@ -476,8 +579,9 @@ Status MpiTransport::Alltoallv(const void* in,
 }
 
 Status MpiTransport::Barrier() {
-  MPISTRATEGY_MPI_CHECK(MPI_Barrier(comm_), "MPI_Barrier");
-  return Status::Ok();
+  MPI_Request request;
+  MPISTRATEGY_MPI_CHECK(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
+  return WaitPolitely(&request, "MPI_Ibarrier");
 }
 
 }  // namespace mpistrategy

@@ -68,21 +68,49 @@ class MpiTransport : public Transport {
   Status Alltoallv(const void* in, const std::vector<int64_t>& send_bytes,
                    void* out,
                    const std::vector<int64_t>& recv_bytes) override;
+  // Polled (MPI_Ibarrier), like the control plane.
   Status Barrier() override;
+
+  PeerInfo peer_info() const override { return peer_info_; }
+  void SetWaitHook(std::function<Status()> hook) override {
+    wait_hook_ = std::move(hook);
+  }
+  // Notices travel on a second private communicator; they need
+  // MPI_THREAD_MULTIPLE because the peer monitor's thread sends and receives
+  // them while the engine thread is inside a collective.
+  bool SupportsNotices() const override { return notices_supported_; }
+  Status PostNotice(int to_rank, const std::string& bytes) override;
+  Status TakeNotice(int* from_rank, std::string* bytes, bool* got) override;
 
   MPI_Comm comm() const { return comm_; }
 
  private:
   MpiTransport() = default;
   Status Init(MPI_Comm parent);
-  // Completes a non-blocking request without holding a core while waiting.
+  // Completes a non-blocking request without holding a core while waiting;
+  // calls the wait hook while it waits and returns its error, if any.
   Status WaitPolitely(MPI_Request* request, const char* what);
+  // MPI_Ibcast in chunks of at most INT_MAX bytes, each WaitPolitely.
+  Status BroadcastPolled(void* buffer, int64_t bytes, int root_rank);
   // MPI datatype and op for (dtype, op).
   void Map(DataType dtype, ReduceOp op, MPI_Datatype* mpi_type,
            MPI_Op* mpi_op) const;
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm local_comm_ = MPI_COMM_NULL;
+  // Notices only (PostNotice/TakeNotice), used by the monitor's thread.
+  MPI_Comm notice_comm_ = MPI_COMM_NULL;
+  bool notices_supported_ = false;
+  // Sends in flight per destination rank; a notice is dropped when all of a
+  // rank's slots are busy (that rank is not receiving).
+  struct NoticeSlot {
+    MPI_Request request = MPI_REQUEST_NULL;
+    std::string bytes;
+  };
+  static constexpr int kNoticeSlotsPerRank = 4;
+  std::vector<NoticeSlot> notice_slots_;  // size_ * kNoticeSlotsPerRank
+  std::function<Status()> wait_hook_;
+  PeerInfo peer_info_;
   int rank_ = 0;
   int size_ = 1;
   int local_rank_ = 0;

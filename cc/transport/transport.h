@@ -4,15 +4,17 @@
 //   * control plane (negotiation): BitwiseAnd, GatherBytes, BroadcastBytes;
 //   * data plane (payload): Allreduce, Allgatherv, Broadcast, Reducescatter,
 //     Alltoallv, Barrier.
-// Every method is a collective: all ranks call it in the same order.  The
-// engine calls a transport from its background thread only, so
-// implementations need no locking.  Implementations: MpiTransport
+// Every collective method is called by all ranks in the same order.  The
+// engine calls them from its background thread only, so implementations
+// need no locking for them; the notices (PostNotice/TakeNotice) are the
+// exception: the engine's peer monitor calls them from its own thread.  Implementations: MpiTransport
 // (mpi_transport.h) and, in tests, FakeTransport (fake_transport.h).
 
 #ifndef MPISTRATEGY_CC_TRANSPORT_TRANSPORT_H_
 #define MPISTRATEGY_CC_TRANSPORT_TRANSPORT_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -61,6 +63,39 @@ class Transport {
                            const std::vector<int64_t>& send_bytes, void* out,
                            const std::vector<int64_t>& recv_bytes) = 0;
   virtual Status Barrier() = 0;
+
+  // ---- identity --------------------------------------------------------
+  // This rank's host and process id, for messages (common.h PeerInfo).
+  virtual PeerInfo peer_info() const { return LocalPeerInfo(); }
+
+  // ---- liveness (EngineConfig::peer_timeout_seconds) ---------------------
+  // The control-plane calls (BitwiseAnd, GatherBytes, BroadcastBytes) and
+  // Barrier wait for their peers by polling; while they wait they call the
+  // hook every few milliseconds, and a non-OK status from it ends the wait
+  // at once with that status.  The call's peers are then out of step for
+  // good: the engine stops.  Set before the first collective.
+  virtual void SetWaitHook(std::function<Status()> hook) { (void)hook; }
+
+  // A side channel of small messages ("notices") for the peer monitor,
+  // independent of the collectives: PostNotice and TakeNotice never wait for
+  // a peer, and may be called from one other thread (the monitor's) while
+  // the engine thread is inside a collective, blocking or not.  False when
+  // the transport cannot do that (MPI below MPI_THREAD_MULTIPLE).
+  virtual bool SupportsNotices() const { return false; }
+  // Queues `bytes` for `to_rank`.  A notice to a rank that has not taken the
+  // previous one from us yet may be dropped (heartbeats only say "alive").
+  virtual Status PostNotice(int to_rank, const std::string& bytes) {
+    (void)to_rank;
+    (void)bytes;
+    return Status::Unimplemented("this transport has no notices");
+  }
+  // Takes one notice sent to this rank, if any: *got says whether it did.
+  virtual Status TakeNotice(int* from_rank, std::string* bytes, bool* got) {
+    (void)from_rank;
+    (void)bytes;
+    *got = false;
+    return Status::Unimplemented("this transport has no notices");
+  }
 };
 
 }  // namespace mpistrategy

@@ -55,6 +55,7 @@ def _declare(c):
       ctypes.c_int32,   # cache_capacity
       ctypes.c_double,  # stall_warning_seconds
       ctypes.c_double,  # stall_timeout_seconds
+      ctypes.c_double,  # peer_timeout_seconds
       ctypes.c_char_p,  # timeline_path
       ctypes.c_int,     # hierarchical_allreduce
       ctypes.c_char_p,  # error_buf
@@ -73,7 +74,10 @@ def _declare(c):
   c.mpistrategy_abort.restype = None
   c.mpistrategy_mpi_abort.argtypes = [ctypes.c_int]
   c.mpistrategy_mpi_abort.restype = None
-  for name in ("is_initialized", "rank", "size", "local_rank", "local_size",
+  c.mpistrategy_describe_rank.argtypes = [ctypes.c_int, ctypes.c_char_p,
+                                          ctypes.c_int]
+  c.mpistrategy_describe_rank.restype = ctypes.c_int
+  for name in ("is_initialized", "is_forked_child", "rank", "size", "local_rank", "local_size",
                "mpi_threads_supported", "built_with_cuda",
                "built_with_nccl"):
     fn = getattr(c, "mpistrategy_" + name)

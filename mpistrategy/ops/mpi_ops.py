@@ -21,10 +21,18 @@ an op attribute and TensorFlow builds and caches one kernel per distinct set
 of attributes, so a name that changed per call would build a new kernel
 every call (about 0.5 ms, and a cache that only grows) and miss the engine's
 response cache.  For the same reason an explicit `name` should not contain
-a step counter.  Threads that issue eager collectives concurrently must give
-them explicit names that agree across ranks.
+a step counter.  Only the main thread may rely on default eager names: in
+any other thread an eager collective without `name=` raises `ValueError`,
+because calls of several threads have no order that is the same on every
+rank (their results would silently mix up the threads' values).  Threads
+pass explicit names that agree across ranks and differ between threads.
 
-An explicit `name` is used as-is.
+An explicit `name` is used as-is.  A default name made while a
+communicating Keras call runs (`model.fit`, `evaluate`, `predict`, `save`,
+...; see `mpistrategy.keras_compat`) starts with that call, e.g.
+`Model.evaluate/eager/allreduce` or `Model.fit/Model.evaluate/<graph
+path>/allreduce_1`, so a stall warning or timeout says which Keras call the
+waiting ranks are in, and collectives of different Keras calls never pair.
 
 Every function initializes mpistrategy on first use (`init()` with
 `Options.from_env()`) unless `init` was called before.
@@ -37,6 +45,7 @@ import operator
 import re
 import sys
 import threading
+import time
 import traceback
 
 import tensorflow as tf
@@ -45,6 +54,7 @@ from tensorflow.python.framework import auto_control_deps as _acd  # pylint: dis
 
 from mpistrategy import _tf_threads
 from mpistrategy import compression as compression_lib
+from mpistrategy import _output
 from mpistrategy.ops import _library
 from mpistrategy.options import Options
 
@@ -84,6 +94,9 @@ _NUMERIC_DTYPES = _FLOAT_DTYPES + (tf.int32, tf.int64, tf.uint8, tf.int8)
 # StatusCode (cc/engine/common.h) returned by mpistrategy_init: invalid
 # arguments become ValueError, the rest the tf.errors class of that code.
 _INVALID_ARGUMENT = 3
+# After a peer timeout, the engine calls MPI_Abort itself about a second
+# later (cc/kernels/c_api.cc); the excepthook waits longer than that.
+_PEER_TIMEOUT_EXIT_WAIT_SECONDS = 5.0
 _ERRORS_BY_CODE = {
     2: tf.errors.UnknownError,
     4: tf.errors.DeadlineExceededError,
@@ -179,8 +192,11 @@ def _init(options, restart_stopped):
   resolved = Options.from_env(base=options)
   with _state.lock:
     lib = _lib()
+    # In a fork child the C call below fails with the reason (the engine's
+    # thread and MPI do not survive fork).
+    forked = bool(lib.c.mpistrategy_is_forked_child())
     stopped = bool(lib.c.mpistrategy_engine_stopped())
-    if not restart_stopped and _state.options is not None:
+    if not restart_stopped and _state.options is not None and not forked:
       # The library's own calls only make sure an engine runs: they keep a
       # stopped one, and one the user started with their own options.
       if stopped or (options is None and lib.c.mpistrategy_is_initialized()):
@@ -188,7 +204,7 @@ def _init(options, restart_stopped):
     # An engine that stopped on an error (a rank shut down or raised, a
     # stall timed out) is replaced below, like a first init.
     if (_state.options is not None and lib.c.mpistrategy_is_initialized() and
-        not stopped):
+        not stopped and not forked):
       if resolved == _state.options:
         return
       diff = ", ".join(
@@ -204,7 +220,8 @@ def _init(options, restart_stopped):
         resolved.fusion_threshold_bytes, resolved.cycle_time_ms,
         resolved.fusion_wait_ms, int(resolved.autotune),
         resolved.autotune_log.encode(), resolved.cache_capacity, resolved.stall_warning_seconds,
-        resolved.stall_timeout_seconds, resolved.timeline.encode(),
+        resolved.stall_timeout_seconds, resolved.peer_timeout_seconds,
+        resolved.timeline.encode(),
         int(resolved.hierarchical_allreduce), error_buf, len(error_buf))
     if code != 0:
       message = error_buf.value.decode(errors="replace")
@@ -213,6 +230,8 @@ def _init(options, restart_stopped):
       error_class = _ERRORS_BY_CODE.get(code, tf.errors.UnknownError)
       raise error_class(None, None, f"mpistrategy.init failed: {message}")
     _state.options = resolved
+    if resolved.verbose:
+      _output.undo_quiet()
     _tf_threads.share_cpus(lib.c.mpistrategy_local_size())
     if not _state.atexit_registered:
       # Registered after mpi4py's own exit handler (if mpi4py was imported
@@ -331,6 +350,14 @@ def built_with_nccl():
   return bool(_lib().c.mpistrategy_built_with_nccl())
 
 
+def _describe_rank(lib, which):
+  """"rank N (host H, pid P)", as the engine's messages name ranks."""
+  buf = ctypes.create_string_buffer(512)
+  if lib.c.mpistrategy_describe_rank(which, buf, len(buf)) != 0:
+    return f"rank {which}"
+  return buf.value.decode(errors="replace")
+
+
 def _install_excepthook():
   """Makes an uncaught exception end every rank instead of hanging them."""
   if _state.previous_excepthook is not None:
@@ -357,7 +384,13 @@ def _abort_on_exception(exc_type, exc, tb):
   sys.stderr.flush()
   if lib is None:
     return
-  reason = f"rank {my_rank} raised {exc_type.__name__}: {exc}"
+  if (isinstance(exc, tf.errors.UnavailableError) and
+      "peer_timeout_seconds" in str(exc)):
+    # A peer timeout: the engine itself ends the job a moment later, after
+    # the other ranks had time to print their own message; an immediate
+    # MPI_Abort here would kill them before they do.
+    time.sleep(_PEER_TIMEOUT_EXIT_WAIT_SECONDS)
+  reason = f"{_describe_rank(lib, my_rank)} raised {exc_type.__name__}: {exc}"
   lib.c.mpistrategy_abort(reason.encode(errors="replace"), 2.0)
   lib.c.mpistrategy_mpi_abort(1)
 
@@ -419,10 +452,85 @@ def _tensor_name(name, kind):
   """The name pairing this collective across ranks (see module docstring)."""
   if name is not None:
     return name
+  prefix = "".join(f"{entry}/" for entry in entry_points())
   if tf.executing_eagerly():
-    return f"eager/{kind}"
+    _claim_eager_default_names(kind)
+    return f"{prefix}eager/{kind}"
   graph = tf.compat.v1.get_default_graph()
-  return f"{_graph_path(graph)}/{graph.unique_name(kind)}"
+  return f"{prefix}{_graph_path(graph)}/{graph.unique_name(kind)}"
+
+
+# The public calls (e.g. "Model.evaluate") this thread is inside, outermost
+# first; pushed by `entry_point`.
+_entry = threading.local()
+
+
+def entry_points():
+  """The public calls that communicate which this thread is inside.
+
+  Returns:
+    A tuple of str, outermost first, e.g. `("Model.fit", "Model.evaluate")`.
+  """
+  return tuple(getattr(_entry, "stack", ()))
+
+
+class entry_point:  # pylint: disable=invalid-name
+  """`with entry_point("Model.evaluate"):` names the collectives inside.
+
+  Used by `mpistrategy.keras_compat` around Keras' public methods.  A call
+  of the same entry directly inside itself (a subclass's `fit` calling
+  `super().fit`) is recorded once.
+  """
+
+  def __init__(self, name):
+    self._name = name
+    self._pushed = False
+
+  def __enter__(self):
+    stack = getattr(_entry, "stack", None)
+    if stack is None:
+      stack = _entry.stack = []
+    if not stack or stack[-1] != self._name:
+      stack.append(self._name)
+      self._pushed = True
+    return self
+
+  def __exit__(self, *unused_exc):
+    if self._pushed:
+      _entry.stack.pop()
+    return False
+
+
+def _claim_eager_default_names(kind):
+  """Raises unless this thread may issue a default-named eager collective.
+
+  Default eager names (`eager/<op>`) pair the k-th call of each rank with
+  the k-th call of every other rank: program order, as long as one thread
+  issues them.  Among several threads the order is whatever the threads
+  happen to reach the engine in, which differs across ranks, so results
+  would silently mix up different threads' values.  The main thread is the
+  one thread that is the same on every rank (a first-come owner would not
+  be: a different thread may come first on each rank), so it alone may use
+  default eager names; every other thread must pass `name=`.
+
+  Args:
+    kind: the op, for the message.
+
+  Raises:
+    ValueError: this is not the main thread.
+  """
+  current = threading.current_thread()
+  if current is threading.main_thread():
+    return
+  raise ValueError(
+      f"mpistrategy.ops.{kind}: an eager collective without `name=` can "
+      f"only be issued from the main thread, and this is thread "
+      f"{current.name!r}. Default eager names pair calls across ranks by "
+      "their order, which is not defined between threads, so results would "
+      "silently mix up different threads' values. Pass name= (the same on "
+      "every rank, and different for each thread's calls, e.g. "
+      "name=f\"grads/{worker_id}\") or issue the collective from the main "
+      "thread.")
 
 
 # TensorFlow appends process-global uids to the names of the graphs it

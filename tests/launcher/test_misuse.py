@@ -152,8 +152,9 @@ def test_engine_usable_after_errors(misuse_job):
 def test_uncaught_bad_env_value_ends_every_rank(launch):
   """A user who does not catch the ValueError: every rank exits, no hang.
 
-  Also: a misspelt MPISTRATEGY_* variable is reported with a warning on
-  every rank instead of being silently ignored.
+  Also: a misspelt MPISTRATEGY_* variable is reported with a warning
+  instead of being silently ignored, by rank 0 (ranks > 0 do not repeat
+  Python warnings unless MPISTRATEGY_VERBOSE=1; see mpistrategy.quiet).
   """
   job = launch("single.py", np=NP, timeout=120,
                env={"MPISTRATEGY_CYCLE_TIME_MS": "-1",
@@ -168,7 +169,8 @@ def test_uncaught_bad_env_value_ends_every_rank(launch):
                      r"MPISTRATEGY_CYCLE_TIME_MS='-1'", text), (
                          f"rank {rank} did not report the bad value\n"
                          + job.describe())
-    assert re.search(r"unknown environment variable "
-                     r"MPISTRATEGY_FUSION_TRESHOLD_BYTES", text), (
-                         f"rank {rank} did not warn about the misspelt "
-                         f"variable\n" + job.describe())
+    warned = re.search(r"unknown environment variable "
+                       r"MPISTRATEGY_FUSION_TRESHOLD_BYTES", text)
+    assert bool(warned) == (rank == 0), (
+        f"rank {rank}: the misspelt variable's warning should be printed "
+        "by rank 0 only\n" + job.describe())

@@ -34,6 +34,13 @@ TIMEOUT = 150           # per job; the whole process group is killed then
 STOP_SECONDS = 10.0     # SIGTERM to the launcher -> every process gone
 
 _EVENT = re.compile(r"^@@ (\d+) ([0-9.]+) (\S+) ?(.*)$")
+# Open MPI --tag-output, the launcher's default: "[1,<rank>]<stdout>:".
+_TAG = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>:(.*)$")
+
+
+def _untag(line):
+  m = _TAG.match(line)
+  return m.group(3) if m else line
 
 
 def _env(extra=None):
@@ -59,13 +66,17 @@ def _alive(pid):
 class Job:
   """One `python -m mpistrategy.run ...` process and what it printed."""
 
-  def __init__(self, launcher_args, script_args=(), env=None):
+  def __init__(self, launcher_args, script_args=(), env=None, script=None,
+               env_drop=()):
     self.marker = f"mpistrategy-run-{uuid.uuid4().hex[:12]}"
-    self.cmd = [PYTHON, "-m", "mpistrategy.run", *launcher_args, SCRIPT,
-                f"--marker={self.marker}", *script_args]
+    self.cmd = [PYTHON, "-m", "mpistrategy.run", *launcher_args,
+                script or SCRIPT, f"--marker={self.marker}", *script_args]
     self.start = time.time()
+    environ = _env(env)
+    for name in env_drop:
+      environ.pop(name, None)
     self.proc = subprocess.Popen(
-        self.cmd, env=_env(env), cwd=ROOT, stdin=subprocess.DEVNULL,
+        self.cmd, env=environ, cwd=ROOT, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         errors="replace", start_new_session=True)
     self.stdout, self.stderr = [], []
@@ -111,7 +122,7 @@ class Job:
   def events(self, name, rank=None):
     out = []
     for line in list(self.stdout) + list(self.stderr):
-      m = _EVENT.match(line)
+      m = _EVENT.match(_untag(line))
       if m and m.group(3) == name and (rank is None or
                                        int(m.group(1)) == rank):
         out.append(m.group(4))
@@ -127,6 +138,15 @@ class Job:
         return False
       time.sleep(0.1)
     return False
+
+  def rank_lines(self, rank, stream=None):
+    """Lines tagged with `rank` (and `stream`, "stdout" or "stderr")."""
+    out = []
+    for line in list(self.stdout) + list(self.stderr):
+      m = _TAG.match(line)
+      if m and int(m.group(1)) == rank and stream in (None, m.group(2)):
+        out.append(m.group(3))
+    return out
 
   def describe(self):
     text = (f"command: {' '.join(self.cmd)}\nexit status: {self.returncode}"
@@ -242,4 +262,102 @@ def test_sigterm_to_the_launcher_ends_the_job():
     if job.returncode is None:
       job.kill()
       job.wait(timeout=30)
+    job.assert_no_leftovers(_rank_pids(job))
+
+
+# --- output: rank prefix, quiet ranks, more ranks than cores, -H slots -------
+
+OUTPUT_SCRIPT = os.path.join(HERE, "scripts", "run_output.py")
+# What _env() adds for the other tests, removed so that the launcher's own
+# choices are tested: its --oversubscribe, its --allow-run-as-root, and
+# TensorFlow's default log level.
+_LAUNCHER_DECIDES = ("OMPI_MCA_rmaps_base_oversubscribe",
+                     "TF_CPP_MIN_LOG_LEVEL", "OMPI_ALLOW_RUN_AS_ROOT",
+                     "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
+_START_UP = re.compile(r"cudart_stub|cpu_feature_guard|absl::InitializeLog|"
+                       r"oneDNN|To enable the following instructions")
+
+
+def _launcher_lines(job):
+  return [l for l in job.stderr if l.startswith("mpistrategy.run: ")]
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_three_ranks_on_two_cores_tagged_and_quiet():
+  cores = os.cpu_count() or 1
+  np_ = max(3, cores + 1)
+  if np_ > 8:
+    pytest.skip(f"{cores} cores: -np {np_} would be too slow here")
+  job = Job(["-np", str(np_)], script=OUTPUT_SCRIPT,
+            env={"PYTHONUNBUFFERED": "1"}, env_drop=_LAUNCHER_DECIDES).wait()
+  try:
+    assert not job.timed_out, job.describe()
+    assert job.returncode == 0, job.describe()
+    launcher = _launcher_lines(job)
+    command = [l for l in launcher if "mpirun" in l]
+    assert len(command) == 1 and "--oversubscribe" in command[0], launcher
+    assert "--tag-output" in command[0], launcher
+    if os.geteuid() == 0:
+      notes = [l for l in launcher if "--allow-run-as-root" in l and
+               "running as root" in l]
+      assert len(notes) == 1, launcher
+    # Every line of the job carries its rank, except the launcher's own and
+    # mpirun's.
+    untagged = [l for l in job.stdout + job.stderr
+                if l and not _TAG.match(l) and l not in launcher]
+    assert not untagged, job.describe()
+    for rank in range(np_):
+      assert job.events("RESULT", rank) == [f"{np_:g}"], job.describe()
+      # print() under PYTHONUNBUFFERED arrives as one whole, tagged line.
+      assert job.rank_lines(rank, "stdout").count(
+          f"plain print from rank {rank} of {np_}") == 1, job.describe()
+      stderr = "\n".join(job.rank_lines(rank, "stderr"))
+      if rank == 0:
+        assert _START_UP.search(stderr), job.describe()
+        assert "UserWarning: a Python warning from rank 0" in stderr, stderr
+        assert "a tensorflow logger warning from rank 0" in stderr, stderr
+      else:
+        assert not _START_UP.search(stderr), job.describe()
+        assert "warning" not in stderr.lower(), job.describe()
+  finally:
+    job.assert_no_leftovers(_rank_pids(job))
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_verbose_lets_every_rank_print():
+  job = Job(["-np", "2", "--verbose"], script=OUTPUT_SCRIPT,
+            env_drop=_LAUNCHER_DECIDES).wait()
+  try:
+    assert job.returncode == 0, job.describe()
+    stderr = "\n".join(job.rank_lines(1, "stderr"))
+    assert "UserWarning: a Python warning from rank 1" in stderr, \
+        job.describe()
+    assert _START_UP.search(stderr), job.describe()
+  finally:
+    job.assert_no_leftovers(_rank_pids(job))
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_ranks_from_host_slots_untagged_and_an_error_in_full():
+  job = Job(["-H", "localhost:2", "--no-tag-output"], ["--raise-rank", "1"],
+            script=OUTPUT_SCRIPT, env_drop=_LAUNCHER_DECIDES).wait()
+  try:
+    assert not job.timed_out, job.describe()
+    assert job.returncode != 0, job.describe()
+    command = [l for l in _launcher_lines(job) if "mpirun" in l]
+    assert " -np 2 -H localhost:2 " in command[0], command
+    assert "--tag-output" not in command[0], command
+    assert not any(_TAG.match(l) for l in job.stdout + job.stderr), \
+        job.describe()
+    assert sorted(job.events("RESULT")) == ["2", "2"], job.describe()
+    # Rank 1's traceback, every line of it, although rank 1 is quiet.
+    text = "\n".join(job.stderr)
+    for piece in ["[rank 1] Traceback (most recent call last):",
+                  "[rank 1]     raise RuntimeError(f\"deliberate failure on "
+                  "rank {rank}\")",
+                  "[rank 1] RuntimeError: deliberate failure on rank 1"]:
+      assert piece in text, job.describe()
+    # ... while its warnings stay hidden and rank 0's are shown.
+    assert "a Python warning from rank 1" not in text, job.describe()
+  finally:
     job.assert_no_leftovers(_rank_pids(job))

@@ -300,3 +300,38 @@ def test_checkpoint_manager_after_a_restart_agrees_with_rank_0(strategy,
   assert mgr2.restore_or_initialize() is not None
   step.assign_add(1)
   assert mgr2.save() is None
+
+
+@pytest.mark.timeout(300)
+def test_rank0_only_saving_and_evaluation_need_no_other_rank(strategy,
+                                                             workdir):
+  # Horovod habits that keep working: rank 0 alone saves (no
+  # communication), then rank 0 alone loads copies that build new objects
+  # (evaluation): local reads.  Only reads into the strategy's variables
+  # are collective (tests/launcher/test_checkpoint_job.py).
+  m = _model(strategy)
+  if R == 0:
+    m.save(os.path.join(workdir, "r0.keras"))
+    m.save_weights(os.path.join(workdir, "r0.weights.h5"))
+    m.export(os.path.join(workdir, "r0_export"))
+    tf.train.Checkpoint(model=m).write(os.path.join(workdir, "r0_ckpt"))
+    loaded = keras.models.load_model(os.path.join(workdir, "r0.keras"))
+    local = keras.Sequential([keras.Input((64,)), keras.layers.Dense(16),
+                              keras.layers.Dense(10)])
+    local.load_weights(os.path.join(workdir, "r0.weights.h5"))
+    exported = tf.saved_model.load(os.path.join(workdir, "r0_export"))
+    x = np.ones((2, 64), np.float32)
+    np.testing.assert_allclose(exported.serve(x).numpy(), m(x).numpy(),
+                               rtol=1e-5, atol=1e-6)
+    for a, b in zip(loaded.weights, m.weights):
+      np.testing.assert_array_equal(a.numpy(), b.numpy())
+  ops.barrier()
+  assert sorted(os.listdir(workdir)) == [
+      "r0.keras", "r0.weights.h5", "r0_ckpt.data-00000-of-00001",
+      "r0_ckpt.index", "r0_export"]
+  # Rank 0 alone built Keras objects above, which advanced only its
+  # automatic names (`sequential_N`, `dense_N`).  Collectives inside a
+  # tf.function are paired by names that contain them, so the next test's
+  # training would stall; reset the counters on every rank (README: build
+  # the same Keras objects on every rank).
+  keras.backend.clear_session(free_memory=False)

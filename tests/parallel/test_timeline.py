@@ -13,6 +13,7 @@ import collections
 import json
 import os
 import shutil
+import socket
 import tempfile
 import time
 
@@ -192,6 +193,10 @@ def test_rank0_writes_a_chrome_trace(shared_dir):
   assert all(e["pid"] == 0 for e in events)
   assert {"process_name", "thread_name"} <= {
       e["name"] for e in events if e["ph"] == "M"}
+  # The process row names the rank with its host and pid.
+  [process] = [e for e in events if e["name"] == "process_name"]
+  assert process["args"]["name"] == (
+      f"rank 0 (host {socket.gethostname()}, pid {os.getpid()})"), process
   rows = _check_rows(events, iterations)
   # The coordinator's REQUEST instants: one per rank, in the first
   # (negotiated) call only; later calls take the cached fast path.
@@ -255,7 +260,8 @@ def test_a_rank_that_cannot_create_the_file_fails_every_rank(shared_dir):
       MPIAllReduce()
       assert mpistrategy.size() == SIZE
       with pytest.raises(tf.errors.FailedPreconditionError,
-                         match=r"rank 0 could not start mpistrategy: .*"
+                         match=r"rank 0 \(host [^,]+, pid \d+\) could not "
+                         r"start mpistrategy: .*"
                          r"missing/trace\.json"):
         ops.allreduce(tf.constant(1.0), name="timeline/after_failure")
   finally:

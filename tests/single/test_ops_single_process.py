@@ -444,3 +444,69 @@ def test_uncaught_exception_aborts_every_rank():
   assert proc.returncode != 0, output
   assert "[rank 1] ValueError: boom on purpose" in output, output
   assert elapsed < 120, elapsed
+
+
+def test_default_eager_names_only_from_the_main_thread():
+  """Other threads must pass name= (issue #14: results silently mixed up)."""
+  import threading  # pylint: disable=g-import-not-at-top
+  results = {}
+
+  def worker():
+    try:
+      ops.allreduce(tf.ones([2]))
+      results["default"] = "no error"
+    except ValueError as e:
+      results["default"] = str(e)
+    results["named"] = ops.allreduce(tf.ones([2]), name="worker/x").numpy()
+
+  thread = threading.Thread(target=worker, name="my-worker")
+  thread.start()
+  thread.join(60)
+  assert "only be issued from the main thread" in results["default"]
+  assert "'my-worker'" in results["default"] and "name=" in results["default"]
+  np.testing.assert_array_equal(results["named"], [1.0, 1.0])
+  # The main thread keeps its default names.
+  np.testing.assert_array_equal(ops.allreduce(tf.ones([2])).numpy(), [1, 1])
+
+
+def test_forked_child_fails_at_once_and_exits_cleanly():
+  script = textwrap.dedent("""
+      import os, sys, time
+      import tensorflow as tf
+      import mpistrategy
+      from mpistrategy import ops
+      mpistrategy.init()
+      ops.allreduce(tf.ones([1]))
+      pid = os.fork()
+      if pid == 0:
+        start = time.time()
+        try:
+          ops.allreduce(tf.ones([1]), name="child")
+          print("CHILD no error", flush=True)
+        except tf.errors.FailedPreconditionError as e:
+          print("CHILD", round(time.time() - start, 2), "forked" in e.message,
+                flush=True)
+        try:
+          mpistrategy.init()
+        except tf.errors.FailedPreconditionError:
+          print("CHILD init refused", flush=True)
+        sys.exit(0)
+      _, status = os.waitpid(pid, 0)
+      print("PARENT child status", status, flush=True)
+      print("PARENT", ops.allreduce(tf.ones([1]), name="after").numpy()[0],
+            flush=True)
+      """)
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+  for name in list(env):
+    if name.startswith(("OMPI_COMM_WORLD", "PMIX_", "MPISTRATEGY_")):
+      del env[name]
+  out = subprocess.run([sys.executable, "-c", script], env=env,
+                       capture_output=True, text=True, timeout=120,
+                       check=False)
+  assert out.returncode == 0, out.stdout + out.stderr
+  lines = out.stdout.splitlines()
+  child = [l for l in lines if l.startswith("CHILD ")]
+  assert child[0].endswith("True") and float(child[0].split()[1]) < 5, lines
+  assert "CHILD init refused" in lines, lines
+  assert "PARENT child status 0" in lines, lines
+  assert "PARENT 1.0" in lines, lines

@@ -15,6 +15,7 @@ def test_defaults():
   assert o.cache_capacity == 1024
   assert o.stall_warning_seconds == 60.0
   assert o.stall_timeout_seconds == 0.0
+  assert o.peer_timeout_seconds == 120.0
   assert o.timeline == ""
   assert o.fusion_wait_ms == 0.0
   assert o.autotune is False
@@ -37,6 +38,8 @@ def test_frozen():
     ("cache_capacity", 2**31, "an integer >= 0"),
     ("stall_warning_seconds", -0.5, "a number >= 0"),
     ("stall_timeout_seconds", -1, "a number >= 0"),
+    ("peer_timeout_seconds", -1, "a number >= 0"),
+    ("peer_timeout_seconds", float("inf"), "a number >= 0"),
     ("fusion_wait_ms", -0.1, "a number in [0, 1000]"),
     ("fusion_wait_ms", 1500, "a number in [0, 1000]"),
     ("fusion_wait_ms", float("nan"), "a number in [0, 1000]"),
@@ -92,12 +95,15 @@ def test_from_env_overrides_every_field():
       "MPISTRATEGY_CACHE_CAPACITY": "7",
       "MPISTRATEGY_STALL_WARNING_SECONDS": "5",
       "MPISTRATEGY_STALL_TIMEOUT_SECONDS": "30",
+      "MPISTRATEGY_PEER_TIMEOUT_SECONDS": "45",
       "MPISTRATEGY_TIMELINE": "/tmp/t.json",
       "MPISTRATEGY_HIERARCHICAL_ALLREDUCE": "TRUE",
       "MPISTRATEGY_ABORT_ON_EXCEPTION": "off",
       "MPISTRATEGY_FUSION_WAIT_MS": "0.5",
       "MPISTRATEGY_AUTOTUNE": "yes",
       "MPISTRATEGY_AUTOTUNE_LOG": "/tmp/a.csv",
+      "MPISTRATEGY_CHECKPOINT_READ_TIMEOUT_SECONDS": "7.5",
+      "MPISTRATEGY_VERBOSE": "1",
       "HOME": "/root",
   }
   o = Options.from_env(environ=env)
@@ -106,7 +112,9 @@ def test_from_env_overrides_every_field():
                       stall_timeout_seconds=30.0, timeline="/tmp/t.json",
                       hierarchical_allreduce=True, abort_on_exception=False,
                       fusion_wait_ms=0.5, autotune=True,
-                      autotune_log="/tmp/a.csv")
+                      autotune_log="/tmp/a.csv",
+                      checkpoint_read_timeout_seconds=7.5,
+                      peer_timeout_seconds=45.0, verbose=True)
   # Every field has an environment variable.
   assert {f"MPISTRATEGY_{f.name.upper()}" for f in dataclasses.fields(Options)
          } <= set(env)
@@ -122,6 +130,16 @@ def test_from_env_applies_on_top_of_base():
 def test_from_env_reads_os_environ(monkeypatch):
   monkeypatch.setenv("MPISTRATEGY_STALL_TIMEOUT_SECONDS", "12")
   assert Options.from_env().stall_timeout_seconds == 12.0
+
+
+def test_peer_timeout_from_env(monkeypatch):
+  monkeypatch.setenv("MPISTRATEGY_PEER_TIMEOUT_SECONDS", "7.5")
+  assert Options.from_env().peer_timeout_seconds == 7.5
+  monkeypatch.setenv("MPISTRATEGY_PEER_TIMEOUT_SECONDS", "0")
+  assert Options.from_env().peer_timeout_seconds == 0.0
+  monkeypatch.setenv("MPISTRATEGY_PEER_TIMEOUT_SECONDS", "-2")
+  with pytest.raises(ValueError, match="MPISTRATEGY_PEER_TIMEOUT_SECONDS"):
+    Options.from_env()
 
 
 @pytest.mark.parametrize("variable, value, expected", [

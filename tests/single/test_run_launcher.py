@@ -22,6 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 PYTHON = "/venv/bin/python"
 MPIRUN = "/usr/bin/mpirun"
+QUIET = [PYTHON, "-m", "mpistrategy.quiet"]
 
 
 @pytest.fixture
@@ -71,7 +72,9 @@ def _main(monkeypatch, capsys, argv, **environ):
 # --- Open MPI ----------------------------------------------------------------
 
 
-def test_openmpi_command(script):
+def test_openmpi_command(monkeypatch, script):
+  # As from a checkout on PYTHONPATH (an installed package: the same).
+  monkeypatch.setattr(run, "_package_parent", lambda: ROOT)
   environ = _environ(LD_LIBRARY_PATH="/opt/lib", NCCL_DEBUG="INFO",
                      CUDA_VISIBLE_DEVICES="0,1", TF_CPP_MIN_LOG_LEVEL="2",
                      MPISTRATEGY_CYCLE_TIME_MS="5", OMPI_MCA_btl="self")
@@ -79,13 +82,14 @@ def test_openmpi_command(script):
                     "--epochs", "3"], environ)
   assert command.launcher == "mpirun"
   assert command.argv == [
-      MPIRUN, "-np", "4", "--bind-to", "none", "--map-by", "slot",
+      MPIRUN, "-np", "4", "--oversubscribe", "--tag-output",
+      "--bind-to", "none", "--map-by", "slot",
       "-x", "CUDA_VISIBLE_DEVICES", "-x", "LD_LIBRARY_PATH",
       "-x", "MPISTRATEGY_CYCLE_TIME_MS",
       "-x", "MPISTRATEGY_STALL_WARNING_SECONDS=7.0",
       "-x", "NCCL_DEBUG", "-x", "PATH", "-x", "PYTHONPATH",
       "-x", "TF_CPP_MIN_LOG_LEVEL",
-      PYTHON, script, "--epochs", "3"]
+      *QUIET, PYTHON, script, "--epochs", "3"]
   # The flag's value is also in the environment mpirun runs with.
   assert command.env["MPISTRATEGY_STALL_WARNING_SECONDS"] == "7.0"
   assert command.env["MPISTRATEGY_CYCLE_TIME_MS"] == "5"
@@ -119,6 +123,7 @@ def test_mpi_args_are_split_and_win_over_defaults(script):
   argv = command.argv
   assert argv[argv.index("--mca"):argv.index(PYTHON)] == [
       "--mca", "btl", "tcp,self", "--bind-to", "core"]
+  assert argv[argv.index(PYTHON):] == [*QUIET, PYTHON, script]
   assert argv.count("--bind-to") == 1
   assert "--map-by" in argv
 
@@ -137,10 +142,13 @@ def test_script_arguments_are_not_parsed(script):
 def test_program_on_path_is_run_as_given(script):
   command = _build(["-np", "2", "sh", "-c", "true"])
   assert command.argv[-3:] == ["sh", "-c", "true"]
-  assert PYTHON not in command.argv
+  assert PYTHON not in _build(["-np", "2", "--verbose", "sh", "-c",
+                               "true"]).argv
 
 
-def test_checkout_goes_on_pythonpath_for_the_ranks(script):
+def test_checkout_goes_on_pythonpath_for_the_ranks(monkeypatch, script):
+  # The launcher's mpistrategy comes from a checkout outside site-packages.
+  monkeypatch.setattr(run, "_package_parent", lambda: ROOT)
   environ = _environ()
   del environ["PYTHONPATH"]
   command = _build(["-np", "2", script], environ)
@@ -151,15 +159,114 @@ def test_checkout_goes_on_pythonpath_for_the_ranks(script):
   assert f"PYTHONPATH={ROOT}{os.pathsep}/other" in command.argv
 
 
-def test_root_hint_instead_of_allow_run_as_root(script):
+def test_root_gets_allow_run_as_root_and_one_note(script):
   command = _build(["-np", "2", script], euid=0)
-  assert "--allow-run-as-root" not in command.argv
-  assert any("OMPI_ALLOW_RUN_AS_ROOT=1" in n for n in command.notes), \
-      command.notes
-  command = _build(["-np", "2", script], euid=0, environ=_environ(
-      OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"))
-  assert "--allow-run-as-root" not in command.argv
-  assert command.notes == []
+  assert command.argv.count("--allow-run-as-root") == 1
+  assert command.argv.index("--allow-run-as-root") < command.argv.index(
+      PYTHON)
+  assert command.notes == [
+      "running as root: added --allow-run-as-root, without which Open MPI "
+      "refuses to start (common in containers)"]
+  # Already allowed: nothing added, nothing said.
+  for environ, argv in [
+      (_environ(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"),
+       ["-np", "2", script]),
+      (_environ(), ["-np", "2", "--mpi-args=--allow-run-as-root", script])]:
+    command = _build(argv, euid=0, environ=environ)
+    assert command.argv.count("--allow-run-as-root") == (
+        1 if "--mpi-args=--allow-run-as-root" in argv else 0), command.argv
+    assert command.notes == []
+  # Half of the variables is not enough for Open MPI: the flag is added.
+  command = _build(["-np", "2", script], euid=0,
+                   environ=_environ(OMPI_ALLOW_RUN_AS_ROOT="1"))
+  assert "--allow-run-as-root" in command.argv
+  # Not root, or not Open MPI: nothing.
+  assert "--allow-run-as-root" not in _build(["-np", "2", script]).argv
+  command = _build(["-np", "2", script], euid=0, flavour="mpich")
+  assert "--allow-run-as-root" not in command.argv and not command.notes
+  command = _build(["-np", "2", script], euid=0, launcher="srun",
+                   path="/usr/bin/srun")
+  assert "--allow-run-as-root" not in command.argv and not command.notes
+
+
+# --- output lines, oversubscription, -np from slots ---------------------------
+
+
+def test_rank_prefix_by_default_and_off_with_a_flag(script):
+  cases = [("openmpi", "mpirun", MPIRUN, "--tag-output"),
+           ("mpich", "mpirun", MPIRUN, "-prepend-rank"),
+           ("openmpi", "srun", "/usr/bin/srun", "--label")]
+  for flavour, launcher, path, flag in cases:
+    command = _build(["-np", "2", script], flavour=flavour,
+                     launcher=launcher, path=path)
+    assert command.argv.count(flag) == 1, command.argv
+    assert command.argv.index(flag) < command.argv.index(PYTHON)
+    command = _build(["-np", "2", "--no-tag-output", script],
+                     flavour=flavour, launcher=launcher, path=path)
+    assert flag not in command.argv, command.argv
+  # The user's own choice is not doubled.
+  command = _build(["-np", "2", "--mpi-args=--tag-output", script])
+  assert command.argv.count("--tag-output") == 1
+  command = _build(["-np", "2", "--mpi-args=-l", script], flavour="mpich")
+  assert "-prepend-rank" not in command.argv
+
+
+def test_no_hosts_oversubscribes_this_host_only(script, tmp_path):
+  assert "--oversubscribe" in _build(["-np", "3", script]).argv
+  # Hosts given, or inside an allocation: their slots are the limit.
+  assert "--oversubscribe" not in _build(
+      ["-np", "3", "-H", "a:2,b:1", script]).argv
+  hostfile = tmp_path / "hosts"
+  hostfile.write_text("a slots=3\n")
+  assert "--oversubscribe" not in _build(
+      ["-np", "3", "--hostfile", str(hostfile), script]).argv
+  for variable in ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID"):
+    assert "--oversubscribe" not in _build(
+        ["-np", "3", script], _environ(**{variable: "7"})).argv
+  # The user's own mapping choice is kept as it is.
+  for extra in ("--nooversubscribe", "--map-by=core:OVERSUBSCRIBE"):
+    argv = _build(["-np", "3", f"--mpi-args={extra}", script]).argv
+    assert "--oversubscribe" not in argv, argv
+
+
+def test_number_of_ranks_from_host_slots(script, tmp_path):
+  command = _build(["-H", "a:2,b:3", script])
+  assert command.argv[1:3] == ["-np", "5"]
+  command = _build(["-H", "a:2,b:2", script], launcher="srun",
+                   path="/usr/bin/srun")
+  assert "--ntasks=4" in command.argv
+  # -np wins over the slots.
+  assert _build(["-np", "3", "-H", "a:2,b:3", script]).argv[1:3] == [
+      "-np", "3"]
+  with pytest.raises(ValueError, match=r"-np/--num-proc is required: -H "
+                     r"a:2,b gives no slot count for b"):
+    _build(["-H", "a:2,b", script])
+  hostfile = tmp_path / "hosts"
+  hostfile.write_text("# two hosts\na slots=2 max_slots=4\n\nb slots=3\n")
+  command = _build(["--hostfile", str(hostfile), script])
+  assert command.argv[1:3] == ["-np", "5"]
+  hostfile.write_text("a:2\nb:1  # MPICH style\n")
+  command = _build(["--hostfile", str(hostfile), script], flavour="mpich")
+  assert command.argv[1:3] == ["-np", "3"]
+  for text in ("a\nb slots=2\n", "a cpu=2\n", "\n# nothing\n"):
+    hostfile.write_text(text)
+    with pytest.raises(ValueError, match="-np/--num-proc is required: "
+                       "--hostfile .* does not give every host's slots"):
+      _build(["--hostfile", str(hostfile), script])
+
+
+def test_rank_program_runs_behind_the_quiet_wrapper_unless_verbose(script):
+  command = _build(["-np", "2", script])
+  assert command.argv[-5:] == [*QUIET, PYTHON, script]
+  assert "MPISTRATEGY_VERBOSE" not in command.env
+  command = _build(["-np", "2", "--verbose", script])
+  assert command.argv[-2:] == [PYTHON, script]
+  assert "mpistrategy.quiet" not in command.argv
+  assert "MPISTRATEGY_VERBOSE=1" in command.argv
+  assert command.env["MPISTRATEGY_VERBOSE"] == "1"
+  # A program on PATH is wrapped as well.
+  assert _build(["-np", "2", "sh", "-c", "true"]).argv[-6:] == [
+      *QUIET, "sh", "-c", "true"]
 
 
 # --- engine option flags -------------------------------------------------------
@@ -171,6 +278,11 @@ def test_every_options_field_has_a_flag(script):
     flag = "--" + field.name.replace("_", "-")
     variable = "MPISTRATEGY_" + field.name.upper()
     default = getattr(Options(), field.name)
+    if field.name == "verbose":  # the launcher's own --verbose sets it
+      on = _build(["-np", "1", "--verbose", script])
+      assert f"{variable}=1" in on.argv, on.argv
+      assert variable not in _build(["-np", "1", script]).env
+      continue
     if isinstance(default, bool):
       on = _build(["-np", "1", flag, script])
       off = _build(["-np", "1", "--no-" + flag[2:], script])
@@ -511,3 +623,195 @@ def test_launcher_starts_without_importing_tensorflow():
   proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
                         text=True, timeout=60, check=False)
   assert proc.returncode == 0, proc.stderr
+
+
+# --- quiet ranks: mpistrategy._output and python -m mpistrategy.quiet ---------
+# The subprocesses import mpistrategy as the tests do: the installed package,
+# or the caller's PYTHONPATH.
+
+
+def test_rank_comes_from_the_launchers_variables():
+  from mpistrategy import _output  # pylint: disable=g-import-not-at-top
+  assert _output.rank_from_env({}) is None
+  assert _output.rank_from_env({"OMPI_COMM_WORLD_RANK": "3"}) == 3
+  assert _output.rank_from_env({"PMI_RANK": "2"}) == 2
+  assert _output.rank_from_env({"PMIX_RANK": "1"}) == 1
+  assert _output.rank_from_env({"SLURM_PROCID": "5"}) == 5
+  # mpirun inside a Slurm allocation: every rank has SLURM_PROCID=0.
+  assert _output.rank_from_env({"SLURM_PROCID": "0",
+                                "OMPI_COMM_WORLD_RANK": "4"}) == 4
+  assert _output.verbose_from_env({"MPISTRATEGY_VERBOSE": "1"})
+  assert not _output.verbose_from_env({"MPISTRATEGY_VERBOSE": "0"})
+
+
+@pytest.mark.parametrize("line", [
+    "WARNING: All log messages before absl::InitializeLog() is called are "
+    "written to STDERR",
+    "I0000 00:00:1796315091.956375    9843 cudart_stub.cc:31] Could not find "
+    "cuda drivers on your machine, GPU will not be used.",
+    "W0000 00:00:1796315091.956375    9843 gpu_device.cc:2344] Cannot dlopen "
+    "some GPU libraries.",
+    "I1203 16:00:01.123456   77 cpu_feature_guard.cc:227] This TensorFlow "
+    "binary is optimized",
+    "To enable the following instructions: AVX2 FMA, in other operations, "
+    "rebuild TensorFlow with the appropriate compiler flags.",
+    "2026-12-03 16:00:00.123456: I tensorflow/core/util/port.cc:153] oneDNN "
+    "custom operations are on.",
+    "WARNING:tensorflow:a tf logger warning",
+    "INFO:absl:something",
+])
+def test_start_up_noise_is_recognised(line):
+  from mpistrategy import _output  # pylint: disable=g-import-not-at-top
+  assert _output.is_noise(line)
+  assert _output.is_noise(line + "\n")
+
+
+@pytest.mark.parametrize("line", [
+    "E0000 00:00:1796315262.894519   11660 cuda_platform.cc:52] failed call "
+    "to cuInit",
+    "F0000 00:00:1796315262.894519   11660 x.cc:1] Check failed",
+    "2026-12-03 16:00:00.123456: E tensorflow/core/x.cc:1] an error",
+    "ERROR:tensorflow:an error",
+    "Traceback (most recent call last):",
+    "[rank 1] RuntimeError: boom",
+    "[mpistrategy rank 1] Stalled: collective \"x\" ...",
+    "I0000 is how my script starts a line",
+    "",
+])
+def test_errors_and_user_lines_are_not_noise(line):
+  from mpistrategy import _output  # pylint: disable=g-import-not-at-top
+  assert not _output.is_noise(line)
+
+
+_NOISY = r"""
+import sys, warnings
+sys.stderr.write("I0000 00:00:1796315091.956375    9843 x.cc:31] info\n")
+sys.stderr.write("E0000 00:00:1796315091.956375    9843 x.cc:31] error\n")
+warnings.warn("a warning")
+print("out " + sys.argv[1], flush=True)
+sys.stderr.write("partial line without newline")
+sys.exit(int(sys.argv[2]))
+"""
+
+
+def _quiet_run(tmp_path, environ, code=0):
+  prog = tmp_path / "noisy.py"
+  prog.write_text(_NOISY)
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith(("OMPI_", "PMI", "SLURM_", "MPISTRATEGY_",
+                              "PYTHONWARNINGS"))}
+  env.update(environ)
+  return subprocess.run(
+      [sys.executable, "-m", "mpistrategy.quiet", sys.executable, str(prog),
+       "x", str(code)], env=env, capture_output=True, text=True, timeout=60,
+      check=False)
+
+
+@pytest.mark.timeout(120)
+def test_quiet_wrapper_on_rank_1_drops_noise_and_keeps_errors(tmp_path):
+  result = _quiet_run(tmp_path, {"OMPI_COMM_WORLD_RANK": "1"}, code=3)
+  assert result.returncode == 3, result
+  assert result.stdout == "out x\n"
+  assert "x.cc:31] info" not in result.stderr, result.stderr
+  assert "a warning" not in result.stderr, result.stderr
+  assert "E0000 00:00:1796315091.956375    9843 x.cc:31] error\n" in \
+      result.stderr
+  assert result.stderr.endswith("partial line without newline"), \
+      result.stderr
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("environ", [
+    {"OMPI_COMM_WORLD_RANK": "0"}, {},
+    {"OMPI_COMM_WORLD_RANK": "1", "MPISTRATEGY_VERBOSE": "1"}])
+def test_quiet_wrapper_keeps_everything_on_rank_0_or_verbose(tmp_path,
+                                                            environ):
+  result = _quiet_run(tmp_path, environ)
+  assert result.returncode == 0, result
+  assert "x.cc:31] info" in result.stderr, result.stderr
+  assert "UserWarning: a warning" in result.stderr, result.stderr
+
+
+@pytest.mark.timeout(120)
+def test_quiet_wrapper_dies_of_the_childs_signal(tmp_path):
+  prog = tmp_path / "killme.py"
+  prog.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n")
+  env = dict(os.environ, OMPI_COMM_WORLD_RANK="1")
+  result = subprocess.run(
+      [sys.executable, "-m", "mpistrategy.quiet", sys.executable, str(prog)],
+      env=env, capture_output=True, text=True, timeout=60, check=False)
+  assert result.returncode == -signal.SIGTERM, result
+
+
+@pytest.mark.timeout(120)
+def test_quiet_wrapper_forwards_sigterm(tmp_path):
+  ready = tmp_path / "ready"
+  prog = tmp_path / "wait.py"
+  prog.write_text(
+      "import signal, sys, time\n"
+      "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
+      f"open({str(ready)!r}, 'w').close()\n"
+      "time.sleep(60)\n")
+  env = dict(os.environ, OMPI_COMM_WORLD_RANK="1")
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "mpistrategy.quiet", sys.executable, str(prog)],
+      env=env)
+  deadline = time.time() + 60
+  while not ready.exists() and time.time() < deadline:
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  assert proc.wait(timeout=30) == 7
+
+
+def test_import_quiets_python_warnings_on_rank_1_only(tmp_path):
+  code = ("import warnings, logging, mpistrategy, sys\n"
+          "warnings.warn('w')\n"
+          "logging.getLogger('tensorflow').warning('tfw')\n"
+          "print(logging.getLogger('tensorflow').getEffectiveLevel(), "
+          "sys.stdout.line_buffering)\n")
+  base = {k: v for k, v in os.environ.items()
+          if not k.startswith(("OMPI_", "PMI", "SLURM_", "MPISTRATEGY_",
+                               "PYTHONWARNINGS", "TF_CPP"))}
+  results = {}
+  for name, extra in [("rank1", {"OMPI_COMM_WORLD_RANK": "1"}),
+                      ("rank0", {"OMPI_COMM_WORLD_RANK": "0"}),
+                      ("verbose", {"OMPI_COMM_WORLD_RANK": "1",
+                                   "MPISTRATEGY_VERBOSE": "1"}),
+                      ("no_mpi", {})]:
+    results[name] = subprocess.run(
+        [sys.executable, "-c", code], env=dict(base, **extra),
+        capture_output=True, text=True, timeout=60, check=True)
+  assert results["rank1"].stdout.split() == ["40", "True"]
+  assert "UserWarning" not in results["rank1"].stderr
+  assert "tfw" not in results["rank1"].stderr
+  for name in ("rank0", "verbose"):
+    assert "UserWarning: w" in results[name].stderr, results[name]
+    assert results[name].stdout.split()[1] == "True"
+  # Outside MPI nothing changes.
+  assert "UserWarning: w" in results["no_mpi"].stderr
+  assert results["no_mpi"].stdout.split()[1] == "False"
+
+
+@pytest.mark.timeout(60)
+def test_main_works_as_the_console_script(script):
+  """What pip's `mpistrategyrun` wrapper does: sys.exit(main())."""
+  wrapper = ("import sys\nfrom mpistrategy.run import main\n"
+             "sys.argv[0] = '/venv/bin/mpistrategyrun'\nsys.exit(main())\n")
+  env = dict(os.environ)
+  result = subprocess.run([sys.executable, "-c", wrapper, "--help"], env=env,
+                          capture_output=True, text=True, timeout=30,
+                          check=False)
+  assert result.returncode == 0, result
+  assert result.stdout.startswith("usage: mpistrategyrun [options]"), \
+      result.stdout
+  result = subprocess.run(
+      [sys.executable, "-c", wrapper, "--dry-run", "-H", "localhost:2",
+       script], env=env, capture_output=True, text=True, timeout=30,
+      check=False)
+  assert result.returncode == 0, result
+  assert " -np 2 -H localhost:2 " in result.stdout, result.stdout
+  result = subprocess.run([sys.executable, "-c", wrapper, script], env=env,
+                          capture_output=True, text=True, timeout=30,
+                          check=False)
+  assert result.returncode == 2, result
+  assert "-np/--num-proc is required" in result.stderr, result.stderr

@@ -1,0 +1,149 @@
+"""Whole-job checkpoint cases: a full file system, a restore on rank 0 only.
+
+Runs tests/launcher/scripts/checkpoint_job.py under mpirun.
+
+* A full file system: a 1 MiB tmpfs, mounted by the test (root, and a
+  kernel that lets us: CI), filled up after a first write so that the next
+  write of the same path fails.  For each kind of write rank 0 makes for the
+  user (save_weights, save, ModelCheckpoint, export, Checkpoint.save/write,
+  CheckpointManager, BackupAndRestore) the first copy must still load, with
+  the first weights, and no temporary file may be left.  Uncaught (a
+  ModelCheckpoint in fit()), the error ends the job on every rank, naming
+  rank 0 and errno 28.  Where mounting is not allowed the tests are skipped
+  with a message saying so.
+* Restoring on rank 0 only (the Horovod habit) while the others train: the
+  job must end with rank 0's DeadlineExceededError saying what to do, within
+  the read timeout plus a margin, instead of hanging.
+"""
+
+import os
+import re
+import subprocess
+import tempfile
+
+import pytest
+
+_ERRNO_28 = re.compile(r"Errno 28|No space left on device|ENOSPC",
+                       re.IGNORECASE)
+
+
+@pytest.fixture()
+def tmpfs():
+  """A 1 MiB tmpfs, unmounted and removed in teardown."""
+  path = tempfile.mkdtemp(prefix="mpistrategy-tmpfs-")
+  try:
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", path],
+        capture_output=True, text=True, timeout=30, check=False)
+  except (OSError, subprocess.TimeoutExpired) as e:
+    mounted = None
+    reason = str(e)
+  if mounted is None or mounted.returncode != 0:
+    os.rmdir(path)
+    reason = reason if mounted is None else mounted.stderr.strip()
+    pytest.skip("NOT TESTED: full file system (cannot mount a tmpfs here: "
+                f"{reason}; run as root with CAP_SYS_ADMIN)")
+  try:
+    yield path
+  finally:
+    if subprocess.run(["umount", path], capture_output=True, timeout=60,
+                      check=False).returncode != 0:
+      subprocess.run(["umount", "-l", path], capture_output=True, timeout=60,
+                     check=False)
+    os.rmdir(path)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("np_", [2, 3])
+def test_full_file_system_keeps_the_previous_copy(launch, tmpfs, np_):
+  job = launch("checkpoint_job.py", np=np_, timeout=540,
+               args=["--mode", "enospc", "--dir", tmpfs])
+  try:
+    assert job.returncode == 0, job.describe()
+    kinds = [e.text for e in job.events("WRITTEN", rank=0)]
+    assert len(kinds) == 8, job.describe()
+    for e in job.events("ERROR", rank=0):
+      kind, error = e.text.split(" ", 1)
+      assert _ERRNO_28.search(error) or "ResourceExhausted" in error, (
+          f"{kind}: rank 0's second write did not fail with ENOSPC: {error}")
+    for r in range(1, np_):  # ranks > 0 write their scratch copy: no error
+      assert all(e.text.endswith(" none") for e in job.events("ERROR", r))
+    checks = job.events("CHECK", rank=0)
+    assert len(checks) == 8, job.describe()
+    for e in checks:
+      assert "loads_previous=True" in e.text and "litter=[]" in e.text, (
+          e.text + "\n" + job.describe())
+  finally:
+    job.assert_no_leftovers()
+
+
+@pytest.mark.timeout(300)
+def test_full_file_system_ends_the_job_naming_rank_0(launch, tmpfs):
+  job = launch("checkpoint_job.py", np=2, timeout=240,
+               args=["--mode", "enospc-uncaught", "--dir", tmpfs])
+  try:
+    assert job.returncode != 0 and not job.timed_out, job.describe()
+    assert not job.events("FINISHED"), job.describe()
+    for r in range(2):
+      text = job.rank_text(r)
+      assert _ERRNO_28.search(text), f"rank {r}:\n" + job.describe()
+      assert re.search(r"\brank 0\b", text) or r == 0, job.describe()
+    assert sorted(os.listdir(tmpfs)) == ["filler", "w.weights.h5"], (
+        os.listdir(tmpfs))  # no temporary file left
+    os.remove(os.path.join(tmpfs, "filler"))
+    # The epoch-0 weights file is intact: load it in a fresh process.
+    expected = job.event("WRITTEN", 0).text
+    check = subprocess.run(
+        [_python(), "-c", _LOAD_AND_DIGEST,
+         os.path.join(tmpfs, "w.weights.h5")],
+        capture_output=True, text=True, timeout=180, check=False,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES=""))
+    assert check.returncode == 0, check.stderr[-3000:]
+    assert check.stdout.strip().splitlines()[-1] == expected
+  finally:
+    job.assert_no_leftovers()
+
+
+def _python():
+  import conftest  # pylint: disable=g-import-not-at-top
+  return conftest.PYTHON
+
+
+_LOAD_AND_DIGEST = """
+import hashlib, sys
+import numpy as np
+import keras
+m = keras.Sequential([keras.Input((64,)),
+                      keras.layers.Dense(256, activation="relu"),
+                      keras.layers.Dense(10)])
+m.load_weights(sys.argv[1])
+h = hashlib.sha256()
+for w in m.weights:
+  h.update(np.ascontiguousarray(np.asarray(w)).tobytes())
+print(h.hexdigest()[:16])
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("api", ["checkpoint", "load_weights", "manager"])
+def test_restore_on_rank_0_only_fails_instead_of_hanging(launch, api):
+  work = tempfile.mkdtemp(prefix="mpistrategy-rank0-restore-")
+  timeout_s = 10
+  try:
+    job = launch("checkpoint_job.py", np=2, timeout=200,
+                 env={"MPISTRATEGY_CHECKPOINT_READ_TIMEOUT_SECONDS":
+                      str(timeout_s)},
+                 args=["--mode", "rank0-restore", "--dir", work,
+                       "--api", api])
+    assert job.returncode != 0 and not job.timed_out, job.describe()
+    assert not job.events("FINISHED"), job.describe()
+    restoring = job.event("RESTORING", 0).time
+    assert job.end - restoring < timeout_s + 30, job.describe()
+    text0 = job.rank_text(0)
+    assert "DeadlineExceededError" in text0, job.describe()
+    assert "must make the call on every rank" in text0.replace("\n", " "), (
+        job.describe())
+    assert re.search(r"rank 0", job.rank_text(1)), job.describe()
+    job.assert_no_leftovers()
+  finally:
+    subprocess.run(["rm", "-rf", work], check=False)

@@ -1,0 +1,32 @@
+#!/bin/bash
+# Launch agent of the simulated hosts (tests/multihost): ssh's stand-in.
+#
+#   agent.sh HOST COMMAND [ARGS ...]
+#
+# Runs COMMAND on simulated host HOST, i.e. inside the network namespace
+# ${MULTIHOST_NS_PREFIX}HOST, in a new UTS namespace whose hostname is HOST,
+# with MULTIHOST_HOSTS_FILE bind-mounted over /etc/hosts (`ip netns exec`
+# gives the command its own mount namespace, so neither leaks out).  Like
+# ssh, it joins COMMAND and ARGS with spaces and hands them to a shell:
+# Open MPI (`--mca plm_rsh_agent agent.sh`) passes the orted command line
+# that way.  tests/multihost/hosts.py sets both variables.
+set -eu
+
+if [[ "${1:-}" == --inside ]]; then
+  host=$2
+  shift 2
+  hostname "$host"
+  mount --bind "$MULTIHOST_HOSTS_FILE" /etc/hosts
+  exec /bin/sh -c "$*"
+fi
+
+if [[ $# -lt 2 ]]; then
+  echo "usage: $0 HOST COMMAND [ARGS ...]" >&2
+  exit 2
+fi
+: "${MULTIHOST_NS_PREFIX:?agent.sh: MULTIHOST_NS_PREFIX is not set}"
+: "${MULTIHOST_HOSTS_FILE:?agent.sh: MULTIHOST_HOSTS_FILE is not set}"
+host=$1
+shift
+exec ip netns exec "${MULTIHOST_NS_PREFIX}${host}" \
+  unshare --uts -- "$0" --inside "$host" "$@"

@@ -1,0 +1,175 @@
+"""A dataset the user sharded (`ds.shard(size, rank)`) is not sharded again.
+
+    tests/mpirun_pytest.sh 2 600 tests/parallel/test_user_sharding.py
+    tests/mpirun_pytest.sh 3 600 tests/parallel/test_user_sharding.py
+
+Horovod programs shard their input per rank and batch it per rank.  Under
+`MPIStrategy` such a dataset keeps its meaning: each rank reads all of its
+own shard, in batches of the dataset's batch size, in `model.fit` and in
+custom loops (`experimental_distribute_dataset`,
+`distribute_datasets_from_function`).  A dataset that is not sharded by the
+user is still auto-sharded (global batch split over the ranks).
+"""
+
+import threading
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mpistrategy
+from mpistrategy import ops
+from mpistrategy.strategy import MPIStrategy
+
+R = mpistrategy.rank()
+N = mpistrategy.size()
+PER_RANK = 500
+BATCH = 10
+
+
+@pytest.fixture(scope="module")
+def strategy():
+  return MPIStrategy()
+
+
+def _local_rows(strategy, distributed):
+  """Every element this rank's replica received, in order."""
+  rows = []
+  for batch in distributed:
+    for local in strategy.experimental_local_results(batch):
+      rows.extend(local.numpy().tolist())
+  return rows
+
+
+def _my_shard(total):
+  return [i for i in range(total) if i % N == R]
+
+
+@pytest.mark.timeout(120)
+def test_experimental_distribute_dataset_keeps_the_users_shard(strategy):
+  ds = tf.data.Dataset.range(PER_RANK * N).shard(N, R).batch(BATCH)
+  rows = _local_rows(strategy, strategy.experimental_distribute_dataset(ds))
+  assert rows == _my_shard(PER_RANK * N), (len(rows), rows[:12])
+
+
+@pytest.mark.timeout(120)
+def test_shard_is_found_behind_other_transformations(strategy):
+  ds = (tf.data.Dataset.range(PER_RANK * N).shard(num_shards=N, index=R)
+        .map(lambda x: x * 2).batch(BATCH).prefetch(2))
+  rows = _local_rows(strategy, strategy.experimental_distribute_dataset(ds))
+  assert rows == [2 * i for i in _my_shard(PER_RANK * N)]
+
+
+@pytest.mark.timeout(120)
+def test_uneven_user_shards_end_together(strategy):
+  # 1000 elements on 3 ranks: 334, 333, 333, so the ranks' batch counts
+  # differ; every rank still gets all of its own and nothing hangs.
+  total = 1000
+  ds = tf.data.Dataset.range(total).shard(N, R).batch(BATCH)
+  rows = _local_rows(strategy, strategy.experimental_distribute_dataset(ds))
+  assert rows == _my_shard(total)
+
+
+@pytest.mark.timeout(120)
+def test_distribute_datasets_from_function_with_the_users_shard(strategy):
+  def dataset_fn(context):
+    assert context.num_input_pipelines == N
+    assert context.input_pipeline_id == R
+    return tf.data.Dataset.range(PER_RANK * N).shard(N, R).batch(BATCH)
+
+  rows = _local_rows(strategy,
+                     strategy.distribute_datasets_from_function(dataset_fn))
+  assert rows == _my_shard(PER_RANK * N)
+
+
+@pytest.mark.timeout(120)
+def test_unsharded_dataset_is_still_split_over_the_ranks(strategy):
+  ds = tf.data.Dataset.range(PER_RANK * N).batch(BATCH * N)
+  rows = _local_rows(strategy, strategy.experimental_distribute_dataset(ds))
+  everyone = ops.allgather(tf.constant(rows, tf.int64)).numpy().tolist()
+  assert len(rows) == PER_RANK
+  assert sorted(everyone) == list(range(PER_RANK * N))
+
+
+@pytest.mark.timeout(120)
+def test_other_shard_counts_and_explicit_policies_are_left_alone(strategy):
+  if N == 1:
+    pytest.skip("needs several ranks")
+  # shard(2N): not a per-rank shard, so the strategy auto-shards it.
+  ds = tf.data.Dataset.range(PER_RANK * N).shard(2 * N, R).batch(BATCH)
+  rows = _local_rows(strategy, strategy.experimental_distribute_dataset(ds))
+  assert len(rows) < len(_my_shard(PER_RANK * N)) // 2 + BATCH
+  # An explicit DATA policy is the user's choice too.
+  options = tf.data.Options()
+  options.experimental_distribute.auto_shard_policy = (
+      tf.data.experimental.AutoShardPolicy.DATA)
+  ds = tf.data.Dataset.range(PER_RANK * N).shard(N, R).batch(
+      BATCH).with_options(options)
+  rows = _local_rows(strategy, strategy.experimental_distribute_dataset(ds))
+  assert len(rows) < PER_RANK
+
+
+@pytest.mark.timeout(300)
+def test_keras_fit_reads_each_ranks_whole_shard(strategy):
+  seen = set()
+  lock = threading.Lock()
+
+  def record(x):
+    with lock:
+      seen.update(x.numpy().tolist())
+    return x
+
+  def features(i):
+    i = tf.py_function(record, [i], tf.int64)
+    i.set_shape([None])
+    x = tf.cast(tf.reshape(i, [-1, 1]), tf.float32) / 1000.0
+    return x, 2.0 * x
+
+  ds = (tf.data.Dataset.range(PER_RANK * N).shard(N, R).batch(BATCH)
+        .map(features))
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+  model.fit(ds, epochs=1, verbose=0)
+  assert sorted(seen) == _my_shard(PER_RANK * N), (len(seen),)
+  # One step per batch of this rank (Horovod's meaning of the batch size).
+  assert int(model.optimizer.iterations.numpy()) == PER_RANK // BATCH
+  weights = np.concatenate([w.ravel() for w in model.get_weights()])
+  gathered = ops.allgather(tf.constant(weights[None, :])).numpy()
+  for other in gathered:
+    np.testing.assert_array_equal(other, gathered[0])
+
+
+@pytest.mark.timeout(300)
+def test_keras_fit_with_uneven_user_shards(strategy):
+  # One element more than PER_RANK * N: rank 0 has one batch more than the
+  # others.  Every rank still reads all of its shard, and no rank waits for
+  # the others in a step they never take.
+  total = PER_RANK * N + 1
+  seen = set()
+  lock = threading.Lock()
+
+  def record(x):
+    with lock:
+      seen.update(x.numpy().tolist())
+    return x
+
+  def features(i):
+    i = tf.py_function(record, [i], tf.int64)
+    i.set_shape([None])
+    x = tf.cast(tf.reshape(i, [-1, 1]), tf.float32) / 1000.0
+    return x, 2.0 * x
+
+  ds = tf.data.Dataset.range(total).shard(N, R).batch(BATCH).map(features)
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+  history = model.fit(ds, epochs=2, verbose=0)
+  assert np.isfinite(history.history["loss"]).all(), history.history
+  assert sorted(seen) == _my_shard(total), (len(seen),)
+  weights = np.concatenate([w.ravel() for w in model.get_weights()])
+  assert np.isfinite(weights).all(), weights
+  gathered = ops.allgather(tf.constant(weights[None, :])).numpy()
+  for other in gathered:
+    np.testing.assert_array_equal(other, gathered[0])
