@@ -1,0 +1,64 @@
+"""Keras 2 spellings that Horovod scripts use, accepted under Keras 3.
+
+Importing `mpistrategy.horovod.tensorflow` makes `optimizer.variables` of
+Keras 3 optimizers also callable: `opt.variables()` (Keras 2, used by
+Horovod's TF2 examples to broadcast the optimizer state) returns the same
+list as `opt.variables`.  The value is still a `list`.
+"""
+
+import functools
+
+import keras
+
+
+class _CallableList(list):
+  """A list that returns itself when called (Keras 2's `variables()`)."""
+
+  def __call__(self):
+    return self
+
+
+def _find_property(cls, name):
+  for klass in cls.__mro__:
+    value = klass.__dict__.get(name)
+    if isinstance(value, property):
+      return klass, value
+  return None, None
+
+
+def make_optimizer_variables_callable():
+  """Idempotent: patches the Keras optimizer base class's `variables`."""
+  klass, prop = _find_property(keras.optimizers.Optimizer, "variables")
+  if prop is None or getattr(prop.fget, "_mpistrategy_callable", False):
+    return
+  original = prop.fget
+
+  def variables(self):
+    return _CallableList(original(self))
+
+  variables._mpistrategy_callable = True  # pylint: disable=protected-access
+  variables.__doc__ = original.__doc__
+  setattr(klass, "variables", property(variables))
+
+
+def accept_experimental_run_tf_function():
+  """Idempotent: `Model.compile(experimental_run_tf_function=...)` (Keras 2;
+  Horovod's Keras examples pass False) is accepted and ignored: Keras 3
+  always applies gradients through the optimizer, so a
+  `hvd.DistributedOptimizer` is always used."""
+  # Patched where it is defined (Keras' Trainer base class), which Keras
+  # compares against to tell an overridden compile() (load_model).
+  owner = next(k for k in keras.Model.__mro__ if "compile" in k.__dict__)
+  original = owner.__dict__["compile"]
+  if getattr(original, "_mpistrategy_compat", False):
+    return
+
+  # functools.wraps also copies Keras' `_is_default` mark, which tells
+  # load_model that compile() is not overridden.
+  @functools.wraps(original)
+  def compile(self, *args, experimental_run_tf_function=None, **kwargs):  # pylint: disable=redefined-builtin
+    del experimental_run_tf_function
+    return original(self, *args, **kwargs)
+
+  compile._mpistrategy_compat = True  # pylint: disable=protected-access
+  setattr(owner, "compile", compile)

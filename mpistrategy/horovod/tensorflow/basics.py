@@ -1,0 +1,361 @@
+"""Process control and build queries of `mpistrategy.horovod.tensorflow`.
+
+Horovod's `init`, `rank`, `size`, ... on mpistrategy's engine.  As in
+Horovod, everything but `init`, `is_initialized`, `shutdown` and the build
+queries raises `ValueError` before `init()`.  `init()` is collective: every
+rank calls it (it exchanges each rank's host placement once, for
+`cross_rank`, `cross_size` and `is_homogeneous`).
+"""
+
+import os
+import threading
+
+import tensorflow as tf
+
+import mpistrategy
+from mpistrategy import ops
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank",
+    "local_size", "cross_rank", "cross_size", "is_homogeneous",
+    "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled",
+    "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
+    "rocm_built", "rank_op", "size_op", "local_rank_op", "local_size_op",
+    "process_set_included_op", "ProcessSet", "global_process_set",
+    "check_process_set", "check_initialized",
+]
+
+_NOT_INITIALIZED = ("Horovod has not been initialized; use hvd.init() "
+                    "(mpistrategy.horovod: call hvd.init() on every rank)")
+
+# Horovod's environment variables that have an mpistrategy.Options field.
+# name -> (field, parse).  MPISTRATEGY_* variables still take precedence.
+_HOROVOD_ENV = {
+    "HOROVOD_FUSION_THRESHOLD": ("fusion_threshold_bytes", int),
+    "HOROVOD_CYCLE_TIME": ("cycle_time_ms", float),
+    "HOROVOD_CACHE_CAPACITY": ("cache_capacity", int),
+    "HOROVOD_TIMELINE": ("timeline", str),
+    "HOROVOD_AUTOTUNE": ("autotune", lambda v: v.strip() not in ("", "0")),
+    "HOROVOD_AUTOTUNE_LOG": ("autotune_log", str),
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": ("stall_warning_seconds", float),
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": ("stall_timeout_seconds", float),
+    "HOROVOD_HIERARCHICAL_ALLREDUCE": (
+        "hierarchical_allreduce", lambda v: v.strip() not in ("", "0")),
+}
+
+
+class _Topology:
+  """What `init()` learned about the placement of the ranks."""
+
+  def __init__(self):
+    self.lock = threading.Lock()
+    self.cross_rank = None
+    self.cross_size = None
+    self.homogeneous = None
+
+
+_topology = _Topology()
+
+
+class ProcessSet:
+  """Horovod's process set; only the global one (all ranks) is provided.
+
+  `hvd.ProcessSet(ranks)` for a subset of the ranks raises
+  `NotImplementedError`: every collective of this layer runs on all ranks.
+
+  Args:
+    ranks: the ranks of the set; must be all ranks.
+  """
+
+  def __init__(self, ranks=None):
+    self._ranks = None if ranks is None else sorted(ranks)
+    self.process_set_id = 0
+
+  def _check(self):
+    if self._ranks is not None and self._ranks != list(range(size())):
+      raise NotImplementedError(
+          f"process sets are not provided by mpistrategy.horovod (got a "
+          f"ProcessSet of ranks {self._ranks}); every collective runs on all "
+          "ranks: use hvd.global_process_set or leave process_set out")
+
+  def size(self):
+    self._check()
+    return size()
+
+  def rank(self):
+    self._check()
+    return rank()
+
+  def included(self):
+    self._check()
+    return True
+
+  def __repr__(self):
+    return "ProcessSet(process_set_id=0, ranks=all)"
+
+
+global_process_set = ProcessSet()
+
+
+def check_process_set(process_set, fn):
+  """Raises NotImplementedError unless `process_set` is the global set.
+
+  Args:
+    process_set: what the caller passed.
+    fn: the calling function's name, for the message.
+  """
+  if process_set is None or process_set is global_process_set:
+    return
+  if isinstance(process_set, ProcessSet):
+    try:
+      process_set._check()  # pylint: disable=protected-access
+      return
+    except NotImplementedError:
+      pass
+  raise NotImplementedError(
+      f"{fn}: process sets are not provided by mpistrategy.horovod (got "
+      f"process_set={process_set!r}); every collective runs on all ranks: "
+      "leave process_set out")
+
+
+def check_initialized():
+  """Raises ValueError (as Horovod) when `init()` was not called."""
+  if not mpistrategy.is_initialized():
+    raise ValueError(_NOT_INITIALIZED)
+
+
+def _options_from_horovod_env():
+  """An `mpistrategy.Options` from HOROVOD_* variables, or None if none set."""
+  fields = {}
+  for name, (field, parse) in _HOROVOD_ENV.items():
+    value = os.environ.get(name)
+    if value is None or value == "":
+      continue
+    try:
+      fields[field] = parse(value)
+    except ValueError:
+      raise ValueError(f"hvd.init: environment variable {name}={value!r} is "
+                       f"not a valid {field}") from None
+  if not fields:
+    return None
+  return mpistrategy.Options(**fields)
+
+
+def init(comm=None, process_sets=None):
+  """Starts mpistrategy's engine on all ranks (collective: every rank calls).
+
+  Idempotent, as Horovod's.  Horovod's tuning variables
+  (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME, HOROVOD_TIMELINE,
+  HOROVOD_AUTOTUNE, HOROVOD_CACHE_CAPACITY, HOROVOD_STALL_CHECK_TIME_SECONDS,
+  HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, HOROVOD_HIERARCHICAL_ALLREDUCE) become
+  the matching `mpistrategy.Options`; MPISTRATEGY_* variables win over them.
+  An engine already started (by `mpistrategy.init` or `MPIStrategy`) is
+  kept as it is when no HOROVOD_* variable is set.
+
+  Args:
+    comm: None (all ranks), or a list of all ranks; sub-communicators are
+      not provided.
+    process_sets: None or []; process sets are not provided.
+
+  Raises:
+    NotImplementedError: `comm` is a subset or an MPI communicator, or
+      `process_sets` is given.
+    ValueError: an option is invalid, or the engine runs with other options.
+  """
+  if process_sets:
+    raise NotImplementedError(
+        "hvd.init(process_sets=...): process sets are not provided by "
+        "mpistrategy.horovod; every collective runs on all ranks")
+  options = _options_from_horovod_env()
+  if options is not None or not mpistrategy.is_initialized():
+    mpistrategy.init(options)
+  if comm is not None:
+    if (isinstance(comm, (list, tuple, range)) and
+        sorted(comm) == list(range(mpistrategy.size()))):
+      pass
+    else:
+      raise NotImplementedError(
+          f"hvd.init(comm={comm!r}): only the world of all ranks is provided "
+          "by mpistrategy.horovod (no sub-communicators, no mpi4py "
+          "communicators); start the job with the ranks you want instead")
+  _exchange_topology()
+
+
+def _exchange_topology():
+  """Allgathers every rank's local rank/size: cross rank/size, homogeneity.
+
+  Horovod's cross communicator joins the ranks of equal local rank (one per
+  host); a rank's cross rank is its index among them by world rank.
+  """
+  local = tf.constant([[mpistrategy.local_rank(), mpistrategy.local_size()]],
+                      tf.int32)
+  table = ops.allgather(local, name="mpistrategy.horovod.init").numpy()
+  my_local_rank = int(local[0, 0])
+  me = mpistrategy.rank()
+  peers = [r for r in range(len(table)) if table[r, 0] == my_local_rank]
+  with _topology.lock:
+    _topology.cross_rank = peers.index(me)
+    _topology.cross_size = len(peers)
+    _topology.homogeneous = len(set(int(s) for s in table[:, 1])) == 1
+
+
+def shutdown():
+  """Stops the engine; `init()` may be called again (collectively)."""
+  with _topology.lock:
+    _topology.cross_rank = None
+    _topology.cross_size = None
+    _topology.homogeneous = None
+  mpistrategy.shutdown()
+
+
+def is_initialized():
+  """Returns True between `init()` and `shutdown()`."""
+  return mpistrategy.is_initialized()
+
+
+def rank():
+  """Returns this process's rank in [0, size())."""
+  check_initialized()
+  return mpistrategy.rank()
+
+
+def size():
+  """Returns the number of processes."""
+  check_initialized()
+  return mpistrategy.size()
+
+
+def local_rank():
+  """Returns this process's rank among the processes on its host."""
+  check_initialized()
+  return mpistrategy.local_rank()
+
+
+def local_size():
+  """Returns the number of processes on this process's host."""
+  check_initialized()
+  return mpistrategy.local_size()
+
+
+def _topology_value(attribute, fn):
+  check_initialized()
+  with _topology.lock:
+    value = getattr(_topology, attribute)
+  if value is None:
+    # mpistrategy was started without hvd.init() (e.g. by MPIStrategy).
+    raise ValueError(f"hvd.{fn}() needs hvd.init() (called on every rank) "
+                     "first")
+  return value
+
+
+def cross_rank():
+  """Returns the index of this process's host among the hosts (Horovod's
+  cross rank: rank among the processes with the same local rank)."""
+  return _topology_value("cross_rank", "cross_rank")
+
+
+def cross_size():
+  """Returns the number of processes with this process's local rank (the
+  number of hosts when every host runs as many processes)."""
+  return _topology_value("cross_size", "cross_size")
+
+
+def is_homogeneous():
+  """Returns True when every host runs the same number of processes."""
+  return _topology_value("homogeneous", "is_homogeneous")
+
+
+def mpi_threads_supported():
+  """Returns True when MPI runs with MPI_THREAD_MULTIPLE."""
+  check_initialized()
+  return ops.mpi_threads_supported()
+
+
+def mpi_enabled():
+  """Returns True: mpistrategy always runs on MPI."""
+  return True
+
+
+def mpi_built():
+  """Returns True: mpistrategy is always built with MPI."""
+  return True
+
+
+def gloo_enabled():
+  """Returns False: mpistrategy has no Gloo controller."""
+  return False
+
+
+def gloo_built():
+  """Returns False: mpistrategy has no Gloo controller."""
+  return False
+
+
+def nccl_built():
+  """Returns True when the op library has NCCL GPU kernels (Horovod returns
+  the NCCL version; only its truth value is portable)."""
+  return ops.built_with_nccl()
+
+
+def ddl_built():
+  """Returns False: IBM DDL is not supported."""
+  return False
+
+
+def ccl_built():
+  """Returns False: Intel oneCCL is not supported."""
+  return False
+
+
+def cuda_built():
+  """Returns True when the op library has CUDA kernels."""
+  return ops.built_with_cuda()
+
+
+def rocm_built():
+  """Returns False: ROCm is not supported."""
+  return False
+
+
+def _int_op(value, name):
+  return tf.constant(value, dtype=tf.int32, name=name)
+
+
+def size_op(process_set_id=0, name=None):
+  """Returns `size()` as an int32 scalar tensor.
+
+  Args:
+    process_set_id: 0 (the global process set); others are not provided.
+    name: the op name.
+  """
+  _check_process_set_id(process_set_id, "size_op")
+  return _int_op(size(), name)
+
+
+def local_size_op(name=None):
+  """Returns `local_size()` as an int32 scalar tensor."""
+  return _int_op(local_size(), name)
+
+
+def rank_op(name=None):
+  """Returns `rank()` as an int32 scalar tensor."""
+  return _int_op(rank(), name)
+
+
+def local_rank_op(name=None):
+  """Returns `local_rank()` as an int32 scalar tensor."""
+  return _int_op(local_rank(), name)
+
+
+def process_set_included_op(process_set_id=0, name=None):
+  """Returns 1 (int32 tensor): every rank belongs to the global set."""
+  _check_process_set_id(process_set_id, "process_set_included_op")
+  check_initialized()
+  return _int_op(1, name)
+
+
+def _check_process_set_id(process_set_id, fn):
+  if process_set_id != 0:
+    raise NotImplementedError(
+        f"hvd.{fn}(process_set_id={process_set_id!r}): process sets are not "
+        "provided by mpistrategy.horovod; only id 0 (all ranks) exists")

@@ -1,0 +1,85 @@
+"""Horovod features mpistrategy.horovod does not provide.
+
+Each raises `NotImplementedError` naming the feature and what to use
+instead when it is called (or, for classes, instantiated); nothing is a
+silent no-op.
+"""
+
+import types
+
+__all__ = [
+    "add_process_set", "remove_process_set", "start_timeline",
+    "stop_timeline", "broadcast_global_variables", "SyncBatchNormalization",
+    "elastic",
+]
+
+
+def _refuse(feature, instead):
+  raise NotImplementedError(
+      f"{feature} is not provided by mpistrategy.horovod; {instead}")
+
+
+def add_process_set(process_set):
+  """Not provided: process sets (collectives on a subset of the ranks)."""
+  del process_set
+  _refuse("hvd.add_process_set (process sets)",
+          "every collective runs on all ranks")
+
+
+def remove_process_set(process_set):
+  """Not provided: process sets."""
+  del process_set
+  _refuse("hvd.remove_process_set (process sets)",
+          "every collective runs on all ranks")
+
+
+def start_timeline(file_path, mark_cycles=False):
+  """Not provided at run time: start the timeline with the engine instead."""
+  del file_path, mark_cycles
+  _refuse("hvd.start_timeline (starting a timeline while running)",
+          "set HOROVOD_TIMELINE=<file> or MPISTRATEGY_TIMELINE=<file> (or "
+          "python -m mpistrategy.run --timeline <file>) before hvd.init()")
+
+
+def stop_timeline():
+  """Not provided at run time: the timeline ends with the engine."""
+  _refuse("hvd.stop_timeline",
+          "the timeline set with HOROVOD_TIMELINE/MPISTRATEGY_TIMELINE is "
+          "written until hvd.shutdown() or the end of the process")
+
+
+def broadcast_global_variables(root_rank):
+  """Not provided: TF1 global-variable collections do not exist in TF2."""
+  del root_rank
+  _refuse("hvd.broadcast_global_variables (TF1 global variables)",
+          "use hvd.broadcast_variables(model.variables, root_rank=0) and "
+          "hvd.broadcast_variables(optimizer.variables, root_rank=0), or "
+          "hvd.callbacks.BroadcastGlobalVariablesCallback(0) with Keras")
+
+
+class SyncBatchNormalization:
+  """Not provided: Horovod's synchronized batch normalization layer."""
+
+  def __init__(self, *args, **kwargs):
+    del args, kwargs
+    _refuse("hvd.SyncBatchNormalization",
+            "use keras.layers.BatchNormalization(synchronized=True) under "
+            "mpistrategy.MPIStrategy (its statistics are all-reduced)")
+
+
+def _elastic_refusal(name):
+  def refuse(*args, **kwargs):
+    del args, kwargs
+    _refuse(f"hvd.elastic.{name} (elastic training)",
+            "mpistrategy runs a fixed set of ranks; restart the job from a "
+            "checkpoint (mpistrategy.checkpoint) to change its size")
+  refuse.__name__ = name
+  return refuse
+
+
+# hvd.elastic.run, hvd.elastic.TensorFlowKerasState, ...: every name refuses.
+elastic = types.SimpleNamespace(**{
+    name: _elastic_refusal(name) for name in (
+        "run", "State", "ObjectState", "TensorFlowState",
+        "TensorFlowKerasState", "KerasState", "CommitStateCallback",
+        "UpdateBatchStateCallback", "UpdateEpochStateCallback")})
