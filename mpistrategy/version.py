@@ -27,6 +27,10 @@ PATCHED_INTERNALS = (
     "keras ModelCheckpoint / BackupAndRestore file handling",
     "keras Model.save / save_weights / export",
     "tf.train.Checkpoint / CheckpointManager file handling",
+    "tf saved_model save_and_return_nodes (tf.saved_model.save, Model.export)",
+    "keras Model.fit / evaluate / predict / save entry points (collective "
+    "names)",
+    "keras Optimizer.variables and Model.compile (mpistrategy.horovod only)",
     "tf.distribute MultiWorkerMirroredStrategy internals "
     "(CollectiveAllReduceExtended)",
 )
