@@ -10,7 +10,6 @@ gives every rank rank 0's state.
 
 import hashlib
 import os
-import shutil
 
 import numpy as np
 import pytest
@@ -20,30 +19,9 @@ import keras
 import mpistrategy
 from mpistrategy import checkpoint as mpi_checkpoint
 from mpistrategy import ops
-from mpistrategy.strategy import MPIStrategy
 
 R = mpistrategy.rank()
 N = mpistrategy.size()
-
-
-@pytest.fixture(scope="module")
-def strategy():
-  return MPIStrategy()
-
-
-@pytest.fixture()
-def workdir(strategy):
-  """One directory, the same path on every rank (rank 0 creates/cleans it)."""
-  name = ops.broadcast(tf.constant(
-      np.frombuffer(os.urandom(8), np.uint8)), root_rank=0).numpy()
-  path = "/tmp/mpistrategy-test-ckpt-" + name.tobytes().hex()
-  if R == 0:
-    os.makedirs(path)
-  ops.barrier()
-  yield path
-  ops.barrier()
-  if R == 0:
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _same_everywhere(arrays):

@@ -15,7 +15,6 @@ does under MultiWorkerMirroredStrategy; non-chief workers save into
 """
 
 import os
-import shutil
 
 import numpy as np
 import pytest
@@ -23,31 +22,9 @@ import tensorflow as tf
 
 import mpistrategy
 from mpistrategy import ops
-from mpistrategy.strategy import MPIStrategy
 
 R = mpistrategy.rank()
 N = mpistrategy.size()
-
-
-@pytest.fixture(scope="module")
-def strategy():
-  return MPIStrategy()
-
-
-@pytest.fixture()
-def workdir(strategy):
-  """One directory, the same path on every rank (rank 0 creates/cleans it)."""
-  del strategy
-  name = ops.broadcast(tf.constant(
-      np.frombuffer(os.urandom(8), np.uint8)), root_rank=0).numpy()
-  path = "/tmp/mpistrategy-test-tutorial-" + name.tobytes().hex()
-  if R == 0:
-    os.makedirs(path)
-  ops.barrier()
-  yield path
-  ops.barrier()
-  if R == 0:
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _same_everywhere(arrays):
