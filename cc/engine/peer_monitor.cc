@@ -26,6 +26,11 @@ double PeerMonitor::HeartbeatSeconds(double timeout_seconds) {
   return std::min(0.25, std::max(0.005, timeout_seconds / 40.0));
 }
 
+double PeerMonitor::CompanionQuietSeconds() const {
+  // Eight missed heartbeats; never more than the deadline itself.
+  return std::min(timeout_seconds_, 8.0 * heartbeat_seconds_);
+}
+
 PeerMonitor::PeerMonitor(int rank, int size, std::vector<PeerInfo> peers,
                          double timeout_seconds, double warning_seconds,
                          double now)
@@ -97,6 +102,10 @@ PeerMonitor::Actions PeerMonitor::Tick(double now) {
       FormatSeconds(timeout_seconds_) + " s of silence the job ends";
   const bool warn = warning_seconds_ > 0.0 && warning_seconds_ < timeout_seconds_;
   std::vector<int> silent;
+  // Ranks quiet long enough to be part of the same fault (one host's link,
+  // heard from a few milliseconds apart); named with the ranks past the
+  // deadline so that the error lists every rank that went away.
+  std::vector<int> companions;
   double longest = 0.0;
   for (int r = 0; r < size_; ++r) {
     if (!Watches(r)) continue;
@@ -106,6 +115,7 @@ PeerMonitor::Actions PeerMonitor::Tick(double now) {
       longest = std::max(longest, quiet);
       continue;
     }
+    if (quiet >= CompanionQuietSeconds()) companions.push_back(r);
     const std::string who =
         DescribeRank(r, peers_) + (r == 0 ? ", the coordinator," : "");
     if (warn && quiet >= warning_seconds_ && !warned_[r]) {
@@ -141,6 +151,8 @@ PeerMonitor::Actions PeerMonitor::Tick(double now) {
       ": that process is frozen (e.g. SIGSTOP), dead, or cut off by the "
       "network";
   if (!silent.empty()) {
+    silent.insert(silent.end(), companions.begin(), companions.end());
+    std::sort(silent.begin(), silent.end());
     timed_out_ = true;
     actions.timed_out = true;
     const std::string core =

@@ -80,6 +80,9 @@ class PeerMonitor {
   // The ranks this one watches: all others on rank 0, rank 0 elsewhere.
   bool Watches(int r) const { return r != rank_ && (rank_ == 0 || r == 0); }
   std::string Heartbeat(double now) const;
+  // When one rank passes the deadline, the other ranks quiet for at least
+  // this long are named with it (they missed many heartbeats in a row).
+  double CompanionQuietSeconds() const;
 
   const int rank_;
   const int size_;

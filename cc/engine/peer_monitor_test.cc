@@ -123,6 +123,35 @@ TEST(PeerMonitor, SeveralSilentRanksAreAllNamed) {
   EXPECT_EQ(run.fired.sends[0].first, 2);
 }
 
+TEST(PeerMonitor, RanksThatWentSilentTogetherAreNamedTogether) {
+  // One host's link goes down: rank 3 was last heard at 0.0 s, rank 2 at
+  // 0.2 s. When rank 3 passes the 10 s deadline, rank 2 (quiet 9.8 s) is
+  // part of the same fault and is named too; rank 1 (alive) is not.
+  PeerMonitor m(0, 4, Peers(4), 10.0, 0.0, 0.0);
+  Drive(&m, 0.0, 0.3, {1, 2});
+  DriveResult run = Drive(&m, 0.3, 11.0, {1});
+  ASSERT_TRUE(run.timed_out);
+  EXPECT_LT(run.timed_out_at, 10.15);
+  EXPECT_TRUE(Contains(run.fired.message,
+                       "rank 2 (host h2, pid 12), rank 3 (host h3, pid 13)"))
+      << run.fired.message;
+  EXPECT_FALSE(Contains(run.fired.message, "rank 1 ")) << run.fired.message;
+  ASSERT_EQ(run.fired.sends.size(), 1u);
+  EXPECT_EQ(run.fired.sends[0].first, 1);
+}
+
+TEST(PeerMonitor, ARankLateByAFewHeartbeatsIsNotNamed) {
+  // Rank 2 missed two heartbeats (0.5 s) when rank 3 passes the deadline:
+  // that is ordinary jitter, not the same fault.
+  PeerMonitor m(0, 4, Peers(4), 10.0, 0.0, 0.0);
+  Drive(&m, 0.0, 0.1, {1, 2});
+  for (int k = 1; k <= 95; ++k) m.OnNotice(2, "H", k * 0.1);
+  DriveResult run = Drive(&m, 0.1, 11.0, {1});
+  ASSERT_TRUE(run.timed_out);
+  EXPECT_TRUE(Contains(run.fired.message, "rank 3 (host h3, pid 13)"));
+  EXPECT_FALSE(Contains(run.fired.message, "rank 2 ")) << run.fired.message;
+}
+
 TEST(PeerMonitor, LateRankWithinTheDeadlineResumes) {
   PeerMonitor m(0, 3, Peers(3), 10.0, 4.0, 0.0);
   DriveResult silent = Drive(&m, 0.0, 9.0, {1});  // rank 2 quiet for 9 s ...
