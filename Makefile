@@ -184,10 +184,10 @@ BAZEL_TEST_CMD = trap '$(BAZEL) shutdown' EXIT; \
 
 PYTEST_FLAGS = -p no:randomly -p no:cacheprovider --timeout=$(MPISTRATEGY_TEST_TIMEOUT) --timeout-method=thread
 
-SINGLE_CMD   = timeout $(KILL_AFTER) $(TIMEOUT_SINGLE) "$(PY)" -P -m pytest $(PYTEST_FLAGS) tests/single
+SINGLE_CMD   = timeout $(KILL_AFTER) $(TIMEOUT_SINGLE) "$(PY)" -P -m pytest $(PYTEST_FLAGS) --durations=10 tests/single
 NP2_CMD      = tests/mpirun_pytest.sh 2 $(TIMEOUT_NP2) tests/parallel
 NP3_CMD      = tests/mpirun_pytest.sh 3 $(TIMEOUT_NP3) tests/parallel
-LAUNCHER_CMD = timeout $(KILL_AFTER) $(TIMEOUT_LAUNCHER) "$(PY)" -P -m pytest $(PYTEST_FLAGS) tests/launcher
+LAUNCHER_CMD = timeout $(KILL_AFTER) $(TIMEOUT_LAUNCHER) "$(PY)" -P -m pytest $(PYTEST_FLAGS) --durations=0 tests/launcher
 # Simulated hosts (network namespaces; root only).  Where they cannot be made
 # the tests are skipped and the summary says why (-rs); under CI they must
 # run (MULTIHOST_REQUIRED=1 turns the skip into a failure).

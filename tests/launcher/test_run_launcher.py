@@ -21,6 +21,7 @@ import pytest
 
 from _job_env import clean_env
 from _job_env import leftovers
+from procs import alive
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -52,15 +53,6 @@ def _env(extra=None):
                          "OMPI_MCA_rmaps_base_oversubscribe": "1"},
                         **(extra or {})),
                    tf_log_level="2")
-
-
-def _alive(pid):
-  """True if `pid` exists and is not a zombie."""
-  try:
-    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-  except (OSError, IndexError):
-    return False
 
 
 class Job:
@@ -158,7 +150,7 @@ class Job:
   def assert_no_leftovers(self, pids=(), grace=5.0):
     deadline = time.time() + grace
     while time.time() < deadline:
-      left = set(leftovers(self.marker)) | {p for p in pids if _alive(p)}
+      left = set(leftovers(self.marker)) | {p for p in pids if alive(p)}
       if not left:
         return
       time.sleep(0.2)

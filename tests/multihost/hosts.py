@@ -36,6 +36,11 @@ import sys
 import tempfile
 import time
 
+# tests/ holds the helpers shared by the suites; this file also runs as a
+# script (the guardian), where pytest has not put tests/ on the path.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from procs import alive  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 AGENT = os.path.join(HERE, "agent.sh")
 NS_PREFIX = "mpsmh"
@@ -54,15 +59,6 @@ def _run(argv, check=True, env=None):
     raise RuntimeError(f"`{shlex.join(argv)}` failed (exit {proc.returncode})"
                        f": {(proc.stderr or proc.stdout).strip()}")
   return proc
-
-
-def _alive(pid):
-  """True if `pid` exists and is not a zombie."""
-  try:
-    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-  except (OSError, IndexError):
-    return False
 
 
 def _cmdline(pid):
@@ -84,7 +80,7 @@ def namespace_pids(ns):
   proc = _run(["ip", "netns", "pids", ns], check=False)
   if proc.returncode != 0:
     return []
-  return [int(p) for p in proc.stdout.split() if _alive(int(p))]
+  return [int(p) for p in proc.stdout.split() if alive(int(p))]
 
 
 def _remove(names):
@@ -116,7 +112,7 @@ def sweep_stale():
     The names removed.
   """
   stale = [ns for ns in namespaces()
-           if _OWNED.match(ns) and not _alive(int(_OWNED.match(ns).group(1)))]
+           if _OWNED.match(ns) and not alive(int(_OWNED.match(ns).group(1)))]
   if stale:
     _remove(stale)
   return stale
@@ -308,7 +304,7 @@ def _guard(owner, prefix, workdir):
   """Waits for process `owner` to end, then removes its namespaces."""
   signal.signal(signal.SIGINT, signal.SIG_IGN)
   signal.signal(signal.SIGHUP, signal.SIG_IGN)
-  while _alive(owner):
+  while alive(owner):
     time.sleep(0.5)
   mine = [ns for ns in namespaces() if ns.startswith(prefix)]
   if mine:

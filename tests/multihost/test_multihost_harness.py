@@ -71,7 +71,7 @@ def test_guardian_cleans_up_after_a_killed_owner(cluster):
     time.sleep(0.2)
   assert not [ns for ns in hosts_lib.namespaces() if ns.startswith(prefix)]
   assert not os.path.exists(workdir)
-  assert not hosts_lib._alive(int(sleeper)), "the process on hostx lives"  # pylint: disable=protected-access
+  assert not hosts_lib.alive(int(sleeper)), "the process on hostx lives"
   assert _root_links() == before
 
 

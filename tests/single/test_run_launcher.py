@@ -17,6 +17,7 @@ import pytest
 
 from mpistrategy import Options
 from mpistrategy import run
+from procs import alive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -499,14 +500,6 @@ def _signal_self_when(path, signum, timeout=30):
   return thread
 
 
-def _alive(pid):
-  try:
-    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-  except (OSError, IndexError):
-    return False
-
-
 @pytest.mark.timeout(60)
 def test_exit_status_is_the_commands():
   assert run.run(_command("exit 3")) == 3
@@ -544,9 +537,9 @@ def test_job_that_ignores_signals_is_killed_after_the_grace_period(tmp_path):
   assert time.time() - start < 20
   pid = int((tmp_path / "pid").read_text())
   deadline = time.time() + 5
-  while _alive(pid) and time.time() < deadline:
+  while alive(pid) and time.time() < deadline:
     time.sleep(0.1)
-  assert not _alive(pid), "the process in its own group survived"
+  assert not alive(pid), "the process in its own group survived"
 
 
 @pytest.mark.timeout(60)
