@@ -264,9 +264,12 @@ void Negotiator::FailCrossedJoins(ResponseList* list) {
   for (Entry* join : entries) {
     if (!join->blocking_join || is_failed(join)) continue;
     const std::vector<bool>& joined = join->pending.submitted;
-    // Each rank that did not join and waits in a collective that some
-    // joined rank has not submitted (and never will before the join
-    // completes), with the first such collective.
+    // Crossed when every rank that did not join waits in a collective that
+    // some joined rank has not submitted (and will not before the join
+    // completes).  A rank in no such collective may still be on its way to
+    // the join: then the caller's timeout decides.  Per rank, the first such
+    // collective, for the message.
+    bool all_crossed = true;
     std::vector<int> crossed;
     std::vector<const Entry*> crossed_in;
     std::vector<Entry*> waits;  // all such collectives
@@ -288,12 +291,14 @@ void Negotiator::FailCrossedJoins(ResponseList* list) {
           waits.push_back(other);
         }
       }
-      if (first != nullptr) {
-        crossed.push_back(r);
-        crossed_in.push_back(first);
+      if (first == nullptr) {
+        all_crossed = false;
+        break;
       }
+      crossed.push_back(r);
+      crossed_in.push_back(first);
     }
-    if (crossed.empty()) {
+    if (!all_crossed) {
       join->crossed_since = -1.0;
       continue;
     }

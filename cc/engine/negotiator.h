@@ -57,8 +57,8 @@
 // join that its ranks wait for before they submit anything else (a
 // checkpoint read, mpistrategy/checkpoint.py: the calling thread blocks in
 // it).  It is always announced at once.  When some ranks wait in such a
-// join while a rank that did not enter it waits in another collective that
-// the joined ranks have not submitted, neither side can go on: the join is
+// join while every rank that did not enter it waits in another collective
+// that a joined rank has not submitted, neither side can go on: the join is
 // *crossed* (typically `if rank == 0: restore(...)` followed by a
 // collective on every rank).  Other collectives are not judged this way: TF
 // submits ops asynchronously, so a crossing is not a deadlock in general.
@@ -66,9 +66,9 @@
 // other collective asynchronously may still arrive), the join fails with
 // FailedPrecondition on the ranks that entered it, and every pending
 // collective of the crossed ranks that a joined rank has not submitted fails
-// on the ranks that submitted it; each message names both sides.  Ranks
-// that wait in no collective are not judged: the caller's own timeout
-// covers them.
+// on the ranks that submitted it; each message names both sides.  While a
+// rank that did not join waits in no collective (it may still be on its way
+// to the join), nothing is judged: the caller's own timeout covers that.
 
 #ifndef MPISTRATEGY_CC_ENGINE_NEGOTIATOR_H_
 #define MPISTRATEGY_CC_ENGINE_NEGOTIATOR_H_

@@ -130,12 +130,14 @@ TEST(Negotiator, CrossedBlockingJoinFailsBothSides) {
   negotiator.AddRequestList(1, ListOf({bcast}));
   std::vector<std::string> warnings;
   EXPECT_TRUE(negotiator.ComputeResponses(&warnings).responses.empty());
-  now = 0.5;
+  // Rank 2 is in no collective yet (it may be on its way to the join).
+  now = 50.0;
+  EXPECT_TRUE(negotiator.ComputeResponses(&warnings).responses.empty());
   negotiator.AddRequestList(2, ListOf({bcast}));
   EXPECT_TRUE(negotiator.ComputeResponses(&warnings).responses.empty());
-  now = kCrossedJoinSeconds - 0.01;  // the crossing began at 0
+  now = 50.0 + kCrossedJoinSeconds - 0.01;  // the crossing began at 50
   EXPECT_TRUE(negotiator.ComputeResponses(&warnings).responses.empty());
-  now = kCrossedJoinSeconds;
+  now = 50.0 + kCrossedJoinSeconds;
   ResponseList r = negotiator.ComputeResponses(&warnings);
   ASSERT_EQ(r.responses.size(), 2u);
   EXPECT_EQ(r.responses[0].names[0], join);
