@@ -14,8 +14,9 @@
                        rank 0 saves (Horovod style, no communication), then
                        only rank 0 restores (A: checkpoint, load_weights,
                        manager) while the others go on to train: rank 0 must
-                       fail with DeadlineExceededError after
-                       MPISTRATEGY_CHECKPOINT_READ_TIMEOUT_SECONDS, and the job end.
+                       fail within seconds with FailedPreconditionError (the
+                       engine sees the ranks crossed), the others' training
+                       collective too, and the job end.
 
 Events: INIT, WRITTEN, ERROR, CHECK, RESTORING, FINISHED.
 """
