@@ -602,11 +602,14 @@ def _join_read(what):
   error = box.get("error")
   if (isinstance(error, tf.errors.FailedPreconditionError) and
       "Blocking join" in error.message):
+    # The engine's words, without TF's op decorations.
+    detail = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", error.message)
+    detail = re.sub(r"\s*\[Op:\w+\].*$", "", detail, flags=re.S)
     raise tf.errors.FailedPreconditionError(
         None, None,
         "mpistrategy: rank %d called %s, but other ranks went on to other "
         "collectives instead of making the same call. %s\n(engine: %s)" %
-        (_STATE["rank"], what, _READ_ADVICE, error.message)) from None
+        (_STATE["rank"], what, _READ_ADVICE, detail)) from None
   if error is not None:
     raise error
   if "done" not in box:

@@ -16,6 +16,9 @@ Runs tests/launcher/scripts/checkpoint_job.py under mpirun.
   so the job must end within seconds (far below the 120 s read timeout)
   with rank 0's FailedPreconditionError saying what to do and the others'
   errors naming rank 0's checkpoint read, instead of hanging.
+* The same habit on `mpistrategy.horovod` alone (no MPIStrategy, so reads
+  are local as in Horovod): rank 0 restores, `hvd.broadcast_variables`
+  gives every rank the restored weights.
 """
 
 import os
@@ -150,6 +153,22 @@ def test_restore_on_rank_0_only_fails_instead_of_hanging(launch, api):
     text1 = job.rank_text(1).replace("\n", " ")
     assert re.search(r"cannot complete: rank 0 \(host", text1), job.describe()
     assert f"MPIBlockingJoin/{what}" in text1, job.describe()
+    job.assert_no_leftovers()
+  finally:
+    subprocess.run(["rm", "-rf", work], check=False)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("np_", [2, 3])
+def test_horovod_layer_rank_0_restore_then_broadcast_works(launch, np_):
+  work = tempfile.mkdtemp(prefix="mpistrategy-hvd-restore-")
+  try:
+    job = launch("checkpoint_job.py", np=np_, timeout=200,
+                 args=["--mode", "hvd-rank0-restore", "--dir", work])
+    assert job.returncode == 0, job.describe()
+    saved = job.event("WRITTEN", 0).text
+    for r in range(np_):
+      assert job.event("RESTORED", r).text == saved, job.describe()
     job.assert_no_leftovers()
   finally:
     subprocess.run(["rm", "-rf", work], check=False)
