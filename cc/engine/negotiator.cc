@@ -243,13 +243,14 @@ ResponseList Negotiator::ComputeResponses(std::vector<std::string>* warnings) {
 }
 
 void Negotiator::FailCrossedJoins(ResponseList* list) {
-  std::vector<Entry*> entries;
-  bool any_join = false;
-  for (auto& kv : table_) {
-    entries.push_back(&kv.second);
-    any_join = any_join || kv.second.blocking_join;
+  // The common case (no join pending) costs one pass and no allocation.
+  if (std::none_of(table_.begin(), table_.end(), [](const auto& kv) {
+        return kv.second.blocking_join;
+      })) {
+    return;
   }
-  if (!any_join) return;
+  std::vector<Entry*> entries;
+  for (auto& kv : table_) entries.push_back(&kv.second);
   // Deterministic response order.
   std::sort(entries.begin(), entries.end(), [](const Entry* a, const Entry* b) {
     return a->pending.first_seen_seconds != b->pending.first_seen_seconds
