@@ -39,10 +39,22 @@
   there.  Every rank therefore restores rank 0's state and takes the same
   branch, and no shared file system is needed.  (Files travel through
   `mpistrategy.ops.broadcast`; they must fit in memory.)  Every rank must
-  make such a call: one made on some ranks only (the Horovod habit
-  `if rank == 0: checkpoint.restore(...)`) fails on the ranks that made it
-  with `DeadlineExceededError` after `Options.checkpoint_read_timeout_seconds`
-  (default 120) saying so, instead of hanging.
+  make such a call.  One made on some ranks only (the Horovod habit
+  `if rank == 0: checkpoint.restore(...)`) never hangs: each read starts
+  with a *blocking join* (cc/engine/negotiator.h).  When the ranks that
+  skipped it wait in another collective (the script's
+  `hvd.broadcast_variables`, the next training step's allreduce, a
+  barrier), the engine sees the two sides crossed and, about a second
+  later, fails the read with `FailedPreconditionError` naming the call, the
+  ranks that did not make it and the collective they wait in, and saying
+  what to do (make the call on every rank); their collective fails with an
+  error naming the checkpoint read.  When they are in no collective
+  (computing, or idle in Python), the read fails after
+  `Options.checkpoint_read_timeout_seconds` (default 120) with
+  `DeadlineExceededError` saying the same.  (Rank-0-only restore followed
+  by a broadcast is not made to work: a broadcast of some variables cannot
+  be known to cover everything the read restored, e.g. optimizer slots, so
+  ranks could silently differ.)
 * **Other reads are local** -- `keras.models.load_model`,
   `tf.saved_model.load`, `tf.train.latest_checkpoint` and `load_weights`
   of a model outside the strategy read this rank's file system, as in
@@ -531,19 +543,45 @@ def _read_timeout():
           _DEFAULT_READ_TIMEOUT)
 
 
+# What a rank that made a collective read alone must do about it.
+_READ_ADVICE = (
+    "Under MPIStrategy a read into the strategy's variables is collective: "
+    "every rank must call it (rank 0 chooses the files and sends them to the "
+    "others, so no shared file system is needed). Code that restores on rank "
+    "0 only (the Horovod habit `if rank == 0: ...restore(...)`, then a "
+    "broadcast) must make the call on every rank; the broadcast may stay. "
+    "Saving on rank 0 only needs no change.")
+
+
+def _join_name(what):
+  """The blocking join (cc/engine/negotiator.h) before the read `what`."""
+  # The engine's messages on the other ranks quote this name.
+  return ("MPIBlockingJoin/%s (a collective checkpoint read: every rank "
+          "must call it)" % what)
+
+
 def _join_read(what):
   """Waits until every rank has entered the collective read `what`.
 
   A read into the strategy's variables must be made by every rank.  When
   some rank never makes it (`if rank == 0: checkpoint.restore(p)`), the
-  ranks that did would wait forever; instead they fail after the read
-  timeout, saying why.  (The barrier itself stays posted; the job cannot
-  continue after this error, and with `abort_on_exception` it ends.)
+  ranks that did would wait forever.  Instead:
+
+  * if a rank that did not make it waits in another collective (the usual
+    case: a broadcast, an allreduce of the next training step, a barrier),
+    the engine sees the two sides crossed: within about a second this read
+    fails with `FailedPreconditionError` here, and that collective fails on
+    the ranks that wait in it, every message naming the read;
+  * otherwise (a rank computes, or waits in Python) the read fails after the
+    read timeout.  (The join itself then stays posted; the job cannot
+    continue after this error, and with `abort_on_exception` it ends.)
 
   Args:
-    what: the user's call, for the message.
+    what: the user's call, for the messages.
 
   Raises:
+    tf.errors.FailedPreconditionError: other ranks went on to other
+      collectives instead of making the call.
     tf.errors.DeadlineExceededError: the other ranks did not join in time.
   """
   from mpistrategy import ops  # pylint: disable=g-import-not-at-top
@@ -552,7 +590,7 @@ def _join_read(what):
 
   def run():
     try:
-      ops.barrier(name="MPICheckpointRead/join")
+      ops.barrier(name=_join_name(what))
       box["done"] = True
     except BaseException as e:  # pylint: disable=broad-except
       box["error"] = e
@@ -561,21 +599,27 @@ def _join_read(what):
                             daemon=True)
   thread.start()
   thread.join(timeout)
-  if "error" in box:
-    raise box["error"]
+  error = box.get("error")
+  if (isinstance(error, tf.errors.FailedPreconditionError) and
+      "Blocking join" in error.message):
+    # The engine's words, without TF's op decorations.
+    detail = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", error.message)
+    detail = re.sub(r"\s*\[Op:\w+\].*$", "", detail, flags=re.S)
+    raise tf.errors.FailedPreconditionError(
+        None, None,
+        "mpistrategy: rank %d called %s, but other ranks went on to other "
+        "collectives instead of making the same call. %s\n(engine: %s)" %
+        (_STATE["rank"], what, _READ_ADVICE, detail)) from None
+  if error is not None:
+    raise error
   if "done" not in box:
     raise tf.errors.DeadlineExceededError(
         None, None,
         "mpistrategy: rank %d waited %g s in %s for the other ranks, which "
-        "did not make the same call. Under MPIStrategy a read into the "
-        "strategy's variables is collective: every rank must call it (rank "
-        "0 chooses the files and sends them to the others, so no shared "
-        "file system is needed). Code that restores on rank 0 only (the "
-        "Horovod habit `if rank == 0: ...restore(...)`) must make the call "
-        "on every rank; saving on rank 0 only needs no change. To wait "
-        "longer, set Options.checkpoint_read_timeout_seconds "
+        "did not make the same call. %s To wait longer, set "
+        "Options.checkpoint_read_timeout_seconds "
         "(MPISTRATEGY_CHECKPOINT_READ_TIMEOUT_SECONDS)." %
-        (_STATE["rank"], timeout, what))
+        (_STATE["rank"], timeout, what, _READ_ADVICE))
 
 
 # ----------------------------------------------------------- tf.train.*

@@ -740,7 +740,10 @@ bool Engine::Impl::RunCycle() {
       continue;
     }
     const int bit = cache_.size() > 0 ? cache_.Lookup(p.request, size_) : -1;
-    if (bit < 0 || now - p.enqueued_seconds > announce_after_seconds_) {
+    // A blocking join is announced at once, so that the coordinator can see
+    // a crossing (negotiator.h) even when the join is cached.
+    if (bit < 0 || now - p.enqueued_seconds > announce_after_seconds_ ||
+        IsBlockingJoin(p.request)) {
       flags &= ~kFlagNoUncached;
       continue;
     }

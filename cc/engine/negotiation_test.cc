@@ -15,6 +15,7 @@
 
 #include "cc/engine/engine.h"
 #include "cc/engine/float16.h"
+#include "cc/engine/negotiator.h"
 #include <gtest/gtest.h>
 #include "cc/transport/fake_transport.h"
 
@@ -1025,6 +1026,73 @@ TEST(Negotiation, StallTimeoutFailsWaitingRanks) {
     Status s = Await(&f);
     ASSERT_TRUE(s.ok()) << s.ToString();
     EXPECT_EQ(Get(DataType::kFloat32, out, 0), 6.0);
+  });
+}
+
+TEST(Negotiation, CrossedBlockingJoinFailsFastOnEveryRank) {
+  // `if rank == 0: restore()` then a broadcast on every rank: rank 0 waits
+  // in the read's join, rank 1 in the broadcast.  Both are cached (bit
+  // path) and stall detection is off, yet both fail within seconds.
+  const int n = 2;
+  Cluster c(n);
+  const std::string join = std::string(kBlockingJoinPrefix) + "restore";
+  OnEveryRank(n, [&](int rank) {
+    Engine* e = c.engines[rank].get();
+    std::vector<char> in = Buffer(DataType::kFloat32, 2);
+    std::vector<char> out = Buffer(DataType::kFloat32, 2);
+    auto barrier = [&] {
+      TensorEntry b;
+      b.type = CollectiveType::kBarrier;
+      b.name = join;
+      return Submit(e, std::move(b));
+    };
+    auto bcast = [&] {
+      TensorEntry b;
+      b.type = CollectiveType::kBroadcast;
+      b.name = "bcast";
+      b.dtype = DataType::kFloat32;
+      b.shape = {2};
+      b.input = in.data();
+      b.output = out.data();
+      return Submit(e, std::move(b));
+    };
+    for (int i = 0; i < 2; ++i) {  // every rank: fine, and now cached
+      auto f = barrier();
+      ASSERT_TRUE(Await(&f).ok());
+      auto g = bcast();
+      ASSERT_TRUE(Await(&g).ok());
+    }
+    const auto start = std::chrono::steady_clock::now();
+    auto f = rank == 0 ? barrier() : bcast();
+    Status s = Await(&f, 20.0);
+    const double took = std::chrono::duration<double>(
+                            std::chrono::steady_clock::now() - start)
+                            .count();
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+    EXPECT_LT(took, kCrossedJoinSeconds + 3.0);
+    if (rank == 0) {
+      EXPECT_TRUE(Contains(s.message(), "Blocking join \"" + join +
+                                            "\" cannot complete: rank 1"))
+          << s.message();
+      EXPECT_TRUE(Contains(s.message(), "waits in broadcast \"bcast\""))
+          << s.message();
+    } else {
+      EXPECT_TRUE(Contains(s.message(),
+                           "broadcast \"bcast\" cannot complete: rank 0"))
+          << s.message();
+      EXPECT_TRUE(Contains(s.message(), "blocked in the blocking join \"" +
+                                            join + "\""))
+          << s.message();
+    }
+    // Both sides failed cleanly: the ranks go on together.
+    auto g = barrier();
+    EXPECT_TRUE(Await(&g).ok());
+    Set(DataType::kFloat32, &in, 0, 1.0 + rank);
+    auto h = Submit(e, AllreduceEntry("after", DataType::kFloat32, {1}, in,
+                                      &out));
+    Status t = Await(&h);
+    ASSERT_TRUE(t.ok()) << t.ToString();
+    EXPECT_EQ(Get(DataType::kFloat32, out, 0), 3.0);
   });
 }
 

@@ -105,7 +105,21 @@ std::string CompareRequests(const Request& a, const Request& b) {
   return "";
 }
 
+// The ranks in 0..size-1 for which `in[r] == want`.
+std::vector<int> RanksWhere(const std::vector<bool>& in, bool want) {
+  std::vector<int> ranks;
+  for (size_t r = 0; r < in.size(); ++r) {
+    if (in[r] == want) ranks.push_back(static_cast<int>(r));
+  }
+  return ranks;
+}
+
 }  // namespace
+
+bool IsBlockingJoin(const Request& request) {
+  return request.type == CollectiveType::kBarrier &&
+         request.name.rfind(kBlockingJoinPrefix, 0) == 0;
+}
 
 Response BuildResponse(const std::string& name,
                        const std::vector<Request>& requests) {
@@ -172,6 +186,7 @@ void Negotiator::AddRequestList(int rank, const RequestList& list) {
       e.pending.first_seen_seconds = clock_();
       e.pending.submitted.assign(world_size_, false);
       e.requests.resize(world_size_);
+      e.blocking_join = IsBlockingJoin(q);
       it = table_.emplace(q.name, std::move(e)).first;
     }
     Entry& e = it->second;
@@ -194,6 +209,7 @@ ResponseList Negotiator::ComputeResponses(std::vector<std::string>* warnings) {
     table_.erase(it);
   }
   ready_.clear();
+  FailCrossedJoins(&list);
   if (stall_.enabled() && !table_.empty()) {
     std::vector<PendingCollective*> pending;
     pending.reserve(table_.size());
@@ -224,6 +240,124 @@ ResponseList Negotiator::ComputeResponses(std::vector<std::string>* warnings) {
     list.shutdown_reason = shutdown_reason_;
   }
   return list;
+}
+
+void Negotiator::FailCrossedJoins(ResponseList* list) {
+  // The common case (no join pending) costs one pass and no allocation.
+  if (std::none_of(table_.begin(), table_.end(), [](const auto& kv) {
+        return kv.second.blocking_join;
+      })) {
+    return;
+  }
+  std::vector<Entry*> entries;
+  for (auto& kv : table_) entries.push_back(&kv.second);
+  // Deterministic response order.
+  std::sort(entries.begin(), entries.end(), [](const Entry* a, const Entry* b) {
+    return a->pending.first_seen_seconds != b->pending.first_seen_seconds
+               ? a->pending.first_seen_seconds < b->pending.first_seen_seconds
+               : a->pending.name < b->pending.name;
+  });
+  const double now = clock_();
+  std::vector<const Entry*> failed;
+  auto is_failed = [&failed](const Entry* e) {
+    return std::find(failed.begin(), failed.end(), e) != failed.end();
+  };
+  for (Entry* join : entries) {
+    if (!join->blocking_join || is_failed(join)) continue;
+    const std::vector<bool>& joined = join->pending.submitted;
+    // Crossed when every rank that did not join waits in a collective that
+    // some joined rank has not submitted (and will not before the join
+    // completes).  A rank in no such collective may still be on its way to
+    // the join: then the caller's timeout decides.  Per rank, the first such
+    // collective, for the message.
+    bool all_crossed = true;
+    std::vector<int> crossed;
+    std::vector<const Entry*> crossed_in;
+    std::vector<Entry*> waits;  // all such collectives
+    for (int r = 0; r < world_size_; ++r) {
+      if (joined[r]) continue;
+      const Entry* first = nullptr;
+      for (Entry* other : entries) {
+        if (other == join || is_failed(other) ||
+            !other->pending.submitted[r]) {
+          continue;
+        }
+        bool blocked = false;
+        for (int s = 0; s < world_size_ && !blocked; ++s) {
+          blocked = joined[s] && !other->pending.submitted[s];
+        }
+        if (!blocked) continue;
+        if (first == nullptr) first = other;
+        if (std::find(waits.begin(), waits.end(), other) == waits.end()) {
+          waits.push_back(other);
+        }
+      }
+      if (first == nullptr) {
+        all_crossed = false;
+        break;
+      }
+      crossed.push_back(r);
+      crossed_in.push_back(first);
+    }
+    if (!all_crossed) {
+      join->crossed_since = -1.0;
+      continue;
+    }
+    if (join->crossed_since < 0.0) join->crossed_since = now;
+    if (now - join->crossed_since < kCrossedJoinSeconds) continue;
+
+    const std::string& name = join->pending.name;
+    const std::vector<int> in_join = RanksWhere(joined, true);
+    const std::vector<int> missing = RanksWhere(joined, false);
+    std::string where;
+    for (size_t i = 0; i < crossed.size(); ++i) {
+      const Entry* x = crossed_in[i];
+      where += (i == 0 ? "" : "; ") + DescribeRank(crossed[i], peers_) +
+               " waits in " +
+               CollectiveTypeName(x->requests[crossed[i]].type) + " \"" +
+               x->pending.name + "\", which " +
+               DescribeRanks(RanksWhere(x->pending.submitted, false), peers_) +
+               " did not submit";
+    }
+    Response r;
+    r.type = ResponseType::kError;
+    r.names.push_back(name);
+    r.error_code = StatusCode::kFailedPrecondition;
+    r.error_message =
+        "Blocking join \"" + name + "\" cannot complete: " +
+        DescribeRanks(missing, peers_) + " did not enter it; " + where +
+        ". The ranks are crossed (they run different code): every rank must "
+        "make the call that enters the join.";
+    r.error_ranks.assign(in_join.begin(), in_join.end());
+    list->responses.push_back(std::move(r));
+    failed.push_back(join);
+    for (Entry* x : waits) {
+      const std::vector<int> have = RanksWhere(x->pending.submitted, true);
+      std::vector<int> blocked;
+      for (int s : in_join) {
+        if (!x->pending.submitted[s]) blocked.push_back(s);
+      }
+      const Request& q = x->requests[have[0]];
+      Response e;
+      e.type = ResponseType::kError;
+      e.names.push_back(x->pending.name);
+      e.error_code = StatusCode::kFailedPrecondition;
+      e.error_message =
+          std::string(CollectiveTypeName(q.type)) + " \"" + x->pending.name +
+          "\" cannot complete: " + DescribeRanks(blocked, peers_) +
+          " will not submit it, being blocked in the blocking join \"" +
+          name + "\", which " + DescribeRanks(missing, peers_) +
+          " did not enter. The ranks are crossed (they run different code): "
+          "every rank must make the call that enters the join.";
+      e.error_ranks.assign(have.begin(), have.end());
+      list->responses.push_back(std::move(e));
+      failed.push_back(x);
+    }
+  }
+  for (const Entry* e : failed) {
+    const std::string name = e->pending.name;  // `e` dies with the erase
+    table_.erase(name);
+  }
 }
 
 }  // namespace mpistrategy

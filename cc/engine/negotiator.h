@@ -26,10 +26,12 @@
 //           and alltoall: all dims but the first), otherwise the response is
 //           a FailedPrecondition ERROR naming the tensor, field, values and
 //           ranks;
-//        b. the stall inspector warns about, and after the timeout fails
+//        b. a blocking join (IsBlockingJoin) that is *crossed* fails after
+//           kCrossedJoinSeconds, with what it is crossed with (below);
+//        c. the stall inspector warns about, and after the timeout fails
 //           (DeadlineExceeded, for the ranks that announced it), names only
 //           some ranks announced;
-//        c. a shutdown request from any rank makes the list a SHUTDOWN list
+//        d. a shutdown request from any rank makes the list a SHUTDOWN list
 //           carrying "rank R: reason".
 //      Rank 0 BroadcastBytes the serialised ResponseList, which also carries
 //      its fusion parameters when they changed (always in the first slow
@@ -50,6 +52,23 @@
 // A request that matched the cache but keeps waiting (its bit does not
 // survive because another rank has not submitted it) is announced after a
 // while so that the coordinator's stall inspector can see it.
+//
+// Blocking joins: a barrier whose name starts with kBlockingJoinPrefix is a
+// join that its ranks wait for before they submit anything else (a
+// checkpoint read, mpistrategy/checkpoint.py: the calling thread blocks in
+// it).  It is always announced at once.  When some ranks wait in such a
+// join while every rank that did not enter it waits in another collective
+// that a joined rank has not submitted, neither side can go on: the join is
+// *crossed* (typically `if rank == 0: restore(...)` followed by a
+// collective on every rank).  Other collectives are not judged this way: TF
+// submits ops asynchronously, so a crossing is not a deadlock in general.
+// Once a crossing has lasted kCrossedJoinSeconds (a rank that submitted the
+// other collective asynchronously may still arrive), the join fails with
+// FailedPrecondition on the ranks that entered it, and every pending
+// collective of the crossed ranks that a joined rank has not submitted fails
+// on the ranks that submitted it; each message names both sides.  While a
+// rank that did not join waits in no collective (it may still be on its way
+// to the join), nothing is judged: the caller's own timeout covers that.
 
 #ifndef MPISTRATEGY_CC_ENGINE_NEGOTIATOR_H_
 #define MPISTRATEGY_CC_ENGINE_NEGOTIATOR_H_
@@ -75,6 +94,15 @@ constexpr uint64_t kFlagNoParameterChange = 1u << 3;
 constexpr uint64_t kAllFlagsClear = kFlagNoUncached | kFlagNoAnnouncedPending |
                                     kFlagNoShutdown | kFlagNoParameterChange;
 
+// Names that start with this mark a barrier as a blocking join (above); the
+// rest of the name says what the joined ranks are doing, for messages.
+constexpr char kBlockingJoinPrefix[] = "MPIBlockingJoin/";
+// How long a crossing must last before the join fails.
+constexpr double kCrossedJoinSeconds = 1.0;
+
+// True for a barrier named with kBlockingJoinPrefix.
+bool IsBlockingJoin(const Request& request);
+
 // Builds the response for `name` from one request per rank (requests[r] from
 // rank r): the agreed collective, or a FailedPrecondition ERROR describing
 // the first mismatch.  Exposed for tests.
@@ -94,7 +122,7 @@ class Negotiator {
   // Adds the requests rank `rank` announced this cycle (step 3).
   void AddRequestList(int rank, const RequestList& list);
 
-  // Step 3a-c: the responses for this cycle.  Stall warnings are appended to
+  // Step 3a-d: the responses for this cycle.  Stall warnings are appended to
   // `warnings` (the caller logs them).
   ResponseList ComputeResponses(std::vector<std::string>* warnings);
 
@@ -109,7 +137,16 @@ class Negotiator {
     PendingCollective pending;
     std::vector<Request> requests;  // indexed by rank
     int count = 0;
+    bool blocking_join = false;
+    // Clock time since when a blocking join has been crossed; < 0: it is
+    // not.
+    double crossed_since = -1.0;
   };
+
+  // Step 3b: appends the error responses for crossed blocking joins (and the
+  // collectives they are crossed with) to `list`, removing them from the
+  // table.
+  void FailCrossedJoins(ResponseList* list);
 
   int world_size_;
   StallInspector stall_;

@@ -101,6 +101,116 @@ TEST(Negotiator, StallTimeoutBecomesErrorResponseWithFakeClock) {
   EXPECT_EQ(negotiator.num_pending(), 0u);
 }
 
+Request Barrier(const std::string& name) {
+  Request q;
+  q.type = CollectiveType::kBarrier;
+  q.name = name;
+  return q;
+}
+
+RequestList ListOf(std::vector<Request> requests) {
+  RequestList list;
+  list.requests = std::move(requests);
+  return list;
+}
+
+TEST(Negotiator, CrossedBlockingJoinFailsBothSides) {
+  // Rank 0 waits in a checkpoint read's join; ranks 1 and 2 went on to a
+  // broadcast that rank 0 will not submit until they join.  Stall
+  // detection is off: the crossing alone decides.
+  double now = 0.0;
+  Negotiator negotiator(3, StallInspector(0.0, 0.0), [&now] { return now; });
+  negotiator.SetPeers({{"h0", 10}, {"h1", 11}, {"h2", 12}});
+  const std::string join = std::string(kBlockingJoinPrefix) + "restore";
+  Request bcast;
+  bcast.type = CollectiveType::kBroadcast;
+  bcast.name = "bcast";
+  bcast.shape = {2};
+  negotiator.AddRequestList(0, ListOf({Barrier(join)}));
+  negotiator.AddRequestList(1, ListOf({bcast}));
+  std::vector<std::string> warnings;
+  EXPECT_TRUE(negotiator.ComputeResponses(&warnings).responses.empty());
+  // Rank 2 is in no collective yet (it may be on its way to the join).
+  now = 50.0;
+  EXPECT_TRUE(negotiator.ComputeResponses(&warnings).responses.empty());
+  negotiator.AddRequestList(2, ListOf({bcast}));
+  EXPECT_TRUE(negotiator.ComputeResponses(&warnings).responses.empty());
+  now = 50.0 + kCrossedJoinSeconds - 0.01;  // the crossing began at 50
+  EXPECT_TRUE(negotiator.ComputeResponses(&warnings).responses.empty());
+  now = 50.0 + kCrossedJoinSeconds;
+  ResponseList r = negotiator.ComputeResponses(&warnings);
+  ASSERT_EQ(r.responses.size(), 2u);
+  EXPECT_EQ(r.responses[0].names[0], join);
+  EXPECT_EQ(r.responses[0].error_code, StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r.responses[0].error_ranks, (std::vector<int32_t>{0}));
+  EXPECT_EQ(r.responses[0].error_message,
+            "Blocking join \"MPIBlockingJoin/restore\" cannot complete: rank "
+            "1 (host h1, pid 11), rank 2 (host h2, pid 12) did not enter it; "
+            "rank 1 (host h1, pid 11) waits in broadcast \"bcast\", which "
+            "rank 0 (host h0, pid 10) did not submit; rank 2 (host h2, pid "
+            "12) waits in broadcast \"bcast\", which rank 0 (host h0, pid "
+            "10) did not submit. The ranks are crossed (they run different "
+            "code): every rank must make the call that enters the join.");
+  EXPECT_EQ(r.responses[1].names[0], "bcast");
+  EXPECT_EQ(r.responses[1].error_code, StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r.responses[1].error_ranks, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(r.responses[1].error_message,
+            "broadcast \"bcast\" cannot complete: rank 0 (host h0, pid 10) "
+            "will not submit it, being blocked in the blocking join "
+            "\"MPIBlockingJoin/restore\", which rank 1 (host h1, pid 11), "
+            "rank 2 (host h2, pid 12) did not enter. The ranks are crossed "
+            "(they run different code): every rank must make the call that "
+            "enters the join.");
+  EXPECT_EQ(negotiator.num_pending(), 0u);
+  EXPECT_TRUE(warnings.empty());
+}
+
+TEST(Negotiator, OnlyCrossedBlockingJoinsFail) {
+  double now = 0.0;
+  Negotiator negotiator(3, StallInspector(0.0, 0.0), [&now] { return now; });
+  const std::string join = std::string(kBlockingJoinPrefix) + "read";
+  Request x;
+  x.name = "x";
+  x.shape = {1};
+  std::vector<std::string> warnings;
+  // A plain barrier crossed with an allreduce is left alone (TF submits
+  // asynchronously, so this is not a deadlock in general).
+  negotiator.AddRequestList(0, ListOf({Barrier("plain")}));
+  negotiator.AddRequestList(1, ListOf({x}));
+  // A join whose missing rank 2 waits in no collective is not judged.
+  negotiator.AddRequestList(0, ListOf({Barrier(join)}));
+  negotiator.AddRequestList(1, ListOf({Barrier(join)}));
+  now = 100.0;
+  EXPECT_TRUE(negotiator.ComputeResponses(&warnings).responses.empty());
+  now = 200.0;
+  EXPECT_TRUE(negotiator.ComputeResponses(&warnings).responses.empty());
+  // Rank 2 waits in "x", which rank 0 (in the join) has not submitted:
+  // crossed from now on.
+  negotiator.AddRequestList(2, ListOf({x}));
+  EXPECT_TRUE(negotiator.ComputeResponses(&warnings).responses.empty());
+  // Rank 0 submits "x" after all (e.g. asynchronously) before the crossing
+  // lasted kCrossedJoinSeconds: "x" completes, nothing fails.
+  now = 200.5;
+  negotiator.AddRequestList(0, ListOf({x}));
+  ResponseList r = negotiator.ComputeResponses(&warnings);
+  ASSERT_EQ(r.responses.size(), 1u);
+  EXPECT_EQ(r.responses[0].type, ResponseType::kAllreduce);
+  EXPECT_EQ(r.responses[0].names[0], "x");
+  now = 300.0;
+  EXPECT_TRUE(negotiator.ComputeResponses(&warnings).responses.empty());
+  // Rank 2 joins: the join completes.
+  negotiator.AddRequestList(2, ListOf({Barrier(join)}));
+  r = negotiator.ComputeResponses(&warnings);
+  ASSERT_EQ(r.responses.size(), 1u);
+  EXPECT_EQ(r.responses[0].type, ResponseType::kBarrier);
+  EXPECT_EQ(negotiator.num_pending(), 1u);  // "plain"
+  EXPECT_FALSE(IsBlockingJoin(Barrier("plain")));
+  Request not_barrier = x;
+  not_barrier.name = join;
+  EXPECT_FALSE(IsBlockingJoin(not_barrier));
+  EXPECT_TRUE(IsBlockingJoin(Barrier(join)));
+}
+
 TEST(Negotiator, CompletesInOrderAndReportsShutdown) {
   Negotiator negotiator(2, StallInspector(0.0, 0.0), [] { return 0.0; });
   RequestList a, b;

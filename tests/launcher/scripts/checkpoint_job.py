@@ -14,10 +14,17 @@
                        rank 0 saves (Horovod style, no communication), then
                        only rank 0 restores (A: checkpoint, load_weights,
                        manager) while the others go on to train: rank 0 must
-                       fail with DeadlineExceededError after
-                       MPISTRATEGY_CHECKPOINT_READ_TIMEOUT_SECONDS, and the job end.
+                       fail within seconds with FailedPreconditionError (the
+                       engine sees the ranks crossed), the others' training
+                       collective too, and the job end.
+--mode hvd-rank0-restore DIR
+                       Horovod's own habit on mpistrategy.horovod alone (no
+                       MPIStrategy, so reads are not collective): rank 0
+                       saves, every rank's weights drift, rank 0 restores,
+                       hvd.broadcast_variables on every rank: every rank must
+                       end with the saved weights.
 
-Events: INIT, WRITTEN, ERROR, CHECK, RESTORING, FINISHED.
+Events: INIT, WRITTEN, ERROR, CHECK, RESTORING, RESTORED, FINISHED.
 """
 
 import glob
@@ -30,7 +37,8 @@ import _rankio as io
 
 p = io.parser(__doc__)
 p.add_argument("--mode", choices=["enospc", "enospc-uncaught",
-                                  "rank0-restore"], required=True)
+                                  "rank0-restore", "hvd-rank0-restore"],
+               required=True)
 p.add_argument("--dir", required=True)
 p.add_argument("--kinds", default="save_weights,save,model_checkpoint,export,"
                "checkpoint_save,checkpoint_write,manager,backup_and_restore")
@@ -43,7 +51,12 @@ import keras  # pylint: disable=wrong-import-position
 import mpistrategy  # pylint: disable=wrong-import-position
 from mpistrategy import ops  # pylint: disable=wrong-import-position
 
-strategy = mpistrategy.MPIStrategy()
+if args.mode == "hvd-rank0-restore":
+  import mpistrategy.horovod.tensorflow as hvd  # pylint: disable=g-import-not-at-top,wrong-import-position
+  hvd.init()
+  strategy = None
+else:
+  strategy = mpistrategy.MPIStrategy()
 rank, size = mpistrategy.rank(), mpistrategy.size()
 io.emit("INIT", f"rank={rank} size={size}")
 
@@ -234,9 +247,29 @@ def rank0_restore(api):
   io.emit("FINISHED")
 
 
+def hvd_rank0_restore():
+  model = build(under_strategy=False)
+  ckpt = tf.train.Checkpoint(model=model)
+  path = os.path.join(args.dir, "w")
+  if rank == 0:
+    ckpt.write(path)
+    io.emit("WRITTEN", digest(model.weights))
+  hvd.barrier()
+  for w in model.weights:  # every rank drifts differently
+    w.assign(w + float(rank + 1))
+  if rank == 0:
+    io.emit("RESTORING", "checkpoint")
+    ckpt.restore(path)
+  hvd.broadcast_variables(model.variables, root_rank=0)
+  io.emit("RESTORED", digest(model.weights))
+  io.emit("FINISHED")
+
+
 if args.mode == "enospc":
   enospc(args.kinds.split(","))
 elif args.mode == "enospc-uncaught":
   enospc_uncaught()
-else:
+elif args.mode == "rank0-restore":
   rank0_restore(args.api)
+else:
+  hvd_rank0_restore()
