@@ -6,12 +6,27 @@ of string lists: setup.py parses it with Python's `ast`, without Bazel.
 Paths are relative to the target's package; headers are listed too.
 """
 
-# //cc/engine:common: types, config, autotuner, host reduction kernels.
-ENGINE_COMMON_SRCS = [
-    "autotuner.cc",
+# //cc/common:common: types, logging, host reduction kernels.
+COMMON_SRCS = [
     "common.cc",
-    "config.cc",
+    "logging.cc",
     "reduce_kernels.cc",
+]
+
+# //cc/common:mpi_checks.
+COMMON_MPI_SRCS = [
+    "checks_mpi.cc",
+]
+
+# //cc/common:cuda_checks (--config=cuda / MPISTRATEGY_CUDA=1 only).
+COMMON_CUDA_SRCS = [
+    "checks_cuda.cc",
+]
+
+# //cc/engine:config: the engine's configuration and its autotuner.
+ENGINE_CONFIG_SRCS = [
+    "autotuner.cc",
+    "config.cc",
 ]
 
 # //cc/engine:engine: negotiation, fusion, execution, timeline.
@@ -20,8 +35,6 @@ ENGINE_SRCS = [
     "executor.cc",
     "executor.h",
     "fusion.cc",
-    "logging.cc",
-    "logging.h",
     "message.cc",
     "negotiator.cc",
     "peer_monitor.cc",

@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "cc/engine/common.h"
+#include "cc/common/common.h"
 #include "cc/engine/engine.h"
 #include "cc/engine/message.h"
 #include "cc/transport/transport.h"

@@ -28,7 +28,7 @@
 #include "cc/engine/autotuner.h"
 #include "cc/engine/executor.h"
 #include "cc/engine/fusion.h"
-#include "cc/engine/logging.h"
+#include "cc/common/logging.h"
 #include "cc/engine/message.h"
 #include "cc/engine/negotiator.h"
 #include "cc/engine/peer_monitor.h"

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "cc/engine/autotuner.h"
-#include "cc/engine/common.h"
+#include "cc/common/common.h"
 #include "cc/engine/config.h"
 #include "cc/transport/transport.h"
 

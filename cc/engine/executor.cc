@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "cc/engine/reduce_kernels.h"
+#include "cc/common/reduce_kernels.h"
 
 namespace mpistrategy {
 

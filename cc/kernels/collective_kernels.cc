@@ -24,7 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "cc/engine/common.h"
+#include "cc/common/common.h"
 #include "cc/engine/engine.h"
 #include "cc/kernels/engine_holder.h"
 #include "cc/kernels/tf_adapter.h"

@@ -25,7 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "cc/engine/common.h"
+#include "cc/common/common.h"
 #include "cc/engine/device.h"
 #include "cc/engine/engine.h"
 #include "cc/kernels/engine_holder.h"

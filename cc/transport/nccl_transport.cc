@@ -25,7 +25,9 @@
 #include <utility>
 #include <vector>
 
-#include "cc/engine/reduce_kernels.h"
+#include "cc/common/checks.h"
+#include "cc/common/logging.h"
+#include "cc/common/reduce_kernels.h"
 #include "cc/transport/mpi_transport.h"
 
 namespace mpistrategy {
@@ -39,54 +41,6 @@ constexpr int kMinNcclVersion = 21200;
 constexpr std::chrono::milliseconds kWatchdogPeriod(50);
 // Device scratch buffers grow in steps of this many bytes.
 constexpr int64_t kBufferGranularity = int64_t{1} << 20;
-
-// Same format as the engine's LogLine (cc/engine/logging.h, private to the
-// engine target).
-void Log(int rank, const std::string& message) {
-  std::fprintf(stderr, "[mpistrategy rank %d] %s\n", rank, message.c_str());
-  std::fflush(stderr);
-}
-
-Status CudaError(cudaError_t e, const char* what) {
-  return Status::Internal(std::string("CUDA error in ") + what + ": " +
-                          cudaGetErrorString(e));
-}
-
-#define MPISTRATEGY_CUDA_CHECK(call)                    \
-  do {                                                  \
-    const cudaError_t e_ = (call);                      \
-    if (e_ != cudaSuccess) return CudaError(e_, #call); \
-  } while (0)
-
-Status NcclError(ncclResult_t r, const char* what, ncclComm_t comm) {
-  std::string message =
-      std::string("NCCL error in ") + what + ": " + ncclGetErrorString(r);
-  const char* last = ncclGetLastError(comm);
-  if (last != nullptr && last[0] != '\0') {
-    message += std::string(" (") + last + ")";
-  }
-  return Status::Unavailable(message);
-}
-
-#define MPISTRATEGY_NCCL_CHECK(call, comm)                       \
-  do {                                                           \
-    const ncclResult_t r_ = (call);                              \
-    if (r_ != ncclSuccess) return NcclError(r_, #call, (comm));  \
-  } while (0)
-
-Status MpiError(int rc, const char* what) {
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) len = 0;
-  return Status::Unavailable(std::string("MPI error in ") + what + ": " +
-                             std::string(text, len));
-}
-
-#define MPISTRATEGY_MPI_CHECK(call)                      \
-  do {                                                   \
-    const int rc_ = (call);                              \
-    if (rc_ != MPI_SUCCESS) return MpiError(rc_, #call); \
-  } while (0)
 
 std::string NcclVersionString(int code) {
   const int major = code >= 10000 ? code / 10000 : code / 1000;
@@ -436,7 +390,7 @@ Status NcclTransport::Setup(DeviceComm* c) {
   if (decision[0] == 'S') {
     c->path = Path::kStaging;
     if (rank_ == 0) {
-      Log(rank_, DeviceString(c->device) + ": NCCL cannot be used (" +
+      LogLine(rank_, DeviceString(c->device) + ": NCCL cannot be used (" +
                      decision.substr(1) +
                      "); GPU collectives go through MPI with host staging "
                      "(device-to-host copy, MPI, host-to-device copy)");
@@ -461,7 +415,7 @@ Status NcclTransport::Setup(DeviceComm* c) {
              std::to_string(c->local_size) +
              " rank(s) of each host, MPI across hosts";
     }
-    Log(rank_, how);
+    LogLine(rank_, how);
   }
   return Status::Ok();
 }
@@ -470,7 +424,7 @@ Status NcclTransport::SetupHierarchical(DeviceComm* c) {
   auto* mpi = dynamic_cast<MpiTransport*>(control_);
   if (mpi == nullptr) {
     if (rank_ == 0) {
-      Log(rank_, "hierarchical_allreduce needs the MPI transport; GPU "
+      LogLine(rank_, "hierarchical_allreduce needs the MPI transport; GPU "
                  "allreduces use NCCL over all ranks");
     }
     return Status::Ok();
@@ -478,7 +432,8 @@ Status NcclTransport::SetupHierarchical(DeviceComm* c) {
   MPI_Comm world = mpi->comm();
   MPI_Comm local = MPI_COMM_NULL;
   MPISTRATEGY_MPI_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED,
-                                            rank_, MPI_INFO_NULL, &local));
+                                            rank_, MPI_INFO_NULL, &local),
+                        "MPI_Comm_split_type");
   int local_rank = 0;
   int local_size = 1;
   MPI_Comm_rank(local, &local_rank);
@@ -490,7 +445,7 @@ Status NcclTransport::SetupHierarchical(DeviceComm* c) {
     MPI_Comm_free(&local);
     if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Allreduce");
     if (rank_ == 0) {
-      Log(rank_, "hierarchical_allreduce needs the same number of ranks on "
+      LogLine(rank_, "hierarchical_allreduce needs the same number of ranks on "
                  "every host (found " + std::to_string(sizes[0]) + " to " +
                  std::to_string(-sizes[1]) +
                  "); GPU allreduces use NCCL over all ranks");
@@ -558,7 +513,7 @@ void NcclTransport::Watchdog() {
             "device fails from now on (a rank may have died or the network "
             "failed; see the other ranks' logs)";
         c->status->Fail(Status::Unavailable(message));
-        Log(rank_, message);
+        LogLine(rank_, message);
         // Aborting makes the work stuck on the streams finish, so the ops
         // waiting for it complete (with this error).
         for (ncclComm_t* h : {&c->world, &c->local}) {

@@ -37,7 +37,7 @@
 
 #include <memory>
 
-#include "cc/engine/common.h"
+#include "cc/common/common.h"
 #include "cc/engine/device.h"
 #include "cc/transport/transport.h"
 

@@ -120,7 +120,8 @@ def _bazel_lists():
 
 
 @pytest.mark.parametrize("package,lists", [
-    ("cc/engine", ["ENGINE_COMMON_SRCS", "ENGINE_SRCS"]),
+    ("cc/common", ["COMMON_SRCS", "COMMON_MPI_SRCS", "COMMON_CUDA_SRCS"]),
+    ("cc/engine", ["ENGINE_CONFIG_SRCS", "ENGINE_SRCS"]),
     ("cc/transport", ["MPI_TRANSPORT_SRCS", "NCCL_TRANSPORT_SRCS"]),
 ])
 def test_source_list_has_every_library_file(package, lists):
