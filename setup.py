@@ -42,12 +42,14 @@ _CPU_LISTS = {
     "COMMON_MPI_SRCS": "cc/common",
     "ENGINE_CONFIG_SRCS": "cc/engine",
     "ENGINE_SRCS": "cc/engine",
+    "PLANE_SRCS": "cc/transport",
     "MPI_TRANSPORT_SRCS": "cc/transport",
     "KERNEL_SRCS": "cc",
 }
 _GPU_LISTS = {
     "COMMON_CUDA_SRCS": "cc/common",
-    "NCCL_TRANSPORT_SRCS": "cc/transport",
+    "CUDA_STREAM_SRCS": "cc/device",
+    "NCCL_PLANE_SRCS": "cc/transport",
     "KERNEL_GPU_SRCS": "cc",
 }
 

@@ -11,6 +11,7 @@ COMMON_SRCS = [
     "common.cc",
     "logging.cc",
     "reduce_kernels.cc",
+    "stream.cc",
 ]
 
 # //cc/common:mpi_checks.
@@ -21,6 +22,11 @@ COMMON_MPI_SRCS = [
 # //cc/common:cuda_checks (--config=cuda / MPISTRATEGY_CUDA=1 only).
 COMMON_CUDA_SRCS = [
     "checks_cuda.cc",
+]
+
+# //cc/device:cuda_stream (--config=cuda / MPISTRATEGY_CUDA=1 only).
+CUDA_STREAM_SRCS = [
+    "cuda_stream.cc",
 ]
 
 # //cc/engine:config: the engine's configuration and its autotuner.
@@ -43,14 +49,21 @@ ENGINE_SRCS = [
     "timeline.cc",
 ]
 
+# //cc/transport:planes: the host, staging and hierarchical data planes.
+PLANE_SRCS = [
+    "hierarchical_plane.cc",
+    "host_plane.cc",
+    "staging_plane.cc",
+]
+
 # //cc/transport:mpi_transport.
 MPI_TRANSPORT_SRCS = [
     "mpi_transport.cc",
 ]
 
-# //cc/transport:nccl_transport (--config=cuda / MPISTRATEGY_CUDA=1 only).
-NCCL_TRANSPORT_SRCS = [
-    "nccl_transport.cc",
+# //cc/transport:nccl_plane (--config=cuda / MPISTRATEGY_CUDA=1 only).
+NCCL_PLANE_SRCS = [
+    "nccl_plane.cc",
 ]
 
 # //cc:mpi_ops_kernels: op registrations, kernels and the C ABI.

@@ -3,9 +3,9 @@
 // They mirror the CPU kernels (collective_kernels.cc): validate, wrap the
 // tensors in a TensorEntry, enqueue it with the engine, return.  A GPU entry
 // also carries a GpuDeviceContext (cc/engine/device.h): the op's CUDA
-// stream, the device's allocator and the factory of the GPU transport
-// (cc/transport/nccl_transport.h), which enqueues the collective on that
-// stream.  TF's `done` runs once the stream has executed the collective
+// stream with the device's allocator, and the factory of the GPU data plane
+// (cc/transport/nccl_plane.h), on which the executor enqueues the
+// collective.  TF's `done` runs once the stream has executed the collective
 // (EventMgr::ThenExecute: no thread blocks), with the error the NCCL
 // communicator reported in the meantime, if any.
 //
@@ -26,11 +26,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "cc/common/common.h"
+#include "cc/common/stream.h"
+#include "cc/device/cuda_stream.h"
 #include "cc/engine/device.h"
 #include "cc/engine/engine.h"
 #include "cc/kernels/engine_holder.h"
 #include "cc/kernels/tf_adapter.h"
-#include "cc/transport/nccl_transport.h"
+#include "cc/transport/nccl_plane.h"
 #include "tensorflow/core/common_runtime/device/device_event_mgr.h"
 #include "tensorflow/core/framework/allocator.h"
 #include "tensorflow/core/framework/device_base.h"
@@ -49,23 +51,15 @@ using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 
-// The engine's handle on one op's GPU.
-class GpuDeviceContext : public DeviceContext {
+// The op's CUDA stream, with device memory from TF's allocator.
+class TfCudaStream : public CudaStream {
  public:
-  // Args:
-  //   ordinal: CUDA device of the op.
-  //   stream: the op's cudaStream_t.
-  //   allocator: the device's allocator; not owned, lives as long as the
-  //     process (TF never destroys its GPU allocators).
-  GpuDeviceContext(int ordinal, void* stream,
-                   tensorflow::Allocator* allocator)
-      : ordinal_(ordinal), stream_(stream), allocator_(allocator) {}
+  // `allocator`: the device's allocator; not owned, lives as long as the
+  // process (TF never destroys its GPU allocators).
+  TfCudaStream(int ordinal, void* stream, tensorflow::Allocator* allocator)
+      : CudaStream(ordinal, stream), allocator_(allocator) {}
 
-  int ordinal() const override { return ordinal_; }
-  void* stream() const override { return stream_; }
-
-  Status Allocate(int64_t bytes,
-                  std::shared_ptr<void>* buffer) const override {
+  Status Allocate(int64_t bytes, std::shared_ptr<void>* buffer) override {
     void* data = allocator_->AllocateRaw(
         tensorflow::Allocator::kAllocatorAlignment, static_cast<size_t>(bytes));
     if (data == nullptr) {
@@ -80,16 +74,35 @@ class GpuDeviceContext : public DeviceContext {
     return Status::Ok();
   }
 
-  Status CreateTransport(
-      Transport* control, bool hierarchical_allreduce,
-      std::unique_ptr<DeviceTransport>* transport) const override {
-    return CreateNcclTransport(control, hierarchical_allreduce, transport);
+ private:
+  tensorflow::Allocator* const allocator_;
+};
+
+// The engine's handle on one op's GPU.
+class GpuDeviceContext : public DeviceContext {
+ public:
+  // Args:
+  //   ordinal: CUDA device of the op.
+  //   stream: the op's cudaStream_t.
+  //   allocator: the device's allocator (see TfCudaStream).
+  GpuDeviceContext(int ordinal, void* stream,
+                   tensorflow::Allocator* allocator)
+      : ordinal_(ordinal),
+        stream_(std::make_shared<TfCudaStream>(ordinal, stream, allocator)) {}
+
+  int ordinal() const override { return ordinal_; }
+  const std::shared_ptr<Stream>& stream() const override { return stream_; }
+
+  Status CreatePlane(Transport* control, bool hierarchical_allreduce,
+                     int32_t device,
+                     std::unique_ptr<DataPlane>* plane) const override {
+    return CreateNcclPlane(control, hierarchical_allreduce, device, ordinal_,
+                           plane);
   }
 
  private:
   const int ordinal_;
-  void* const stream_;
-  tensorflow::Allocator* const allocator_;
+  const std::shared_ptr<Stream> stream_;
 };
 
 // What an op's entries need from its GPU.
