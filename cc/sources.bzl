@@ -70,6 +70,7 @@ NCCL_PLANE_SRCS = [
 KERNEL_SRCS = [
     "kernels/c_api.cc",
     "kernels/collective_kernels.cc",
+    "kernels/collective_kernels.h",
     "kernels/engine_holder.cc",
     "kernels/tf_adapter.cc",
     "ops/mpi_ops.cc",

@@ -370,6 +370,69 @@ TEST(DeviceExecutor, LayoutsOfEveryCollective) {
   });
 }
 
+// A group packed by the kernel with several dtypes (packed_dtypes) is
+// reduced segment by segment on the device, in place, as on the CPU.
+TEST(DeviceExecutor, MixedDtypePackedGroup) {
+  const int n = 2;
+  Cluster c(n);
+  const std::vector<DataType> dtypes = {DataType::kFloat32, DataType::kInt64,
+                                        DataType::kFloat32};
+  const std::vector<Shape> shapes = {{3}, {2}, {5}};
+  const PackedLayout layout = PackedGroupLayout(dtypes, shapes);
+  OnEveryRank(n, [&](int rank) {
+    auto stream = std::make_shared<FakeStream>(rank == 0 ? 0 : 1000);
+    auto context = std::make_shared<FakeDeviceContext>(stream, c.Factory(rank));
+    std::shared_ptr<void> holder;
+    ASSERT_TRUE(stream->Allocate(layout.total_bytes, &holder).ok());
+    char* base = static_cast<char*>(holder.get());
+    std::vector<char> host(layout.total_bytes, 0);
+    for (int i = 0; i < 3; ++i) {
+      reinterpret_cast<float*>(host.data() + layout.byte_offsets[0])[i] =
+          rank + i;
+    }
+    for (int i = 0; i < 2; ++i) {
+      reinterpret_cast<int64_t*>(host.data() + layout.byte_offsets[1])[i] =
+          (int64_t{1} << 40) * (rank + 1) + i;
+    }
+    for (int i = 0; i < 5; ++i) {
+      reinterpret_cast<float*>(host.data() + layout.byte_offsets[2])[i] =
+          0.5f * rank;
+    }
+    stream->Enqueue([base, host] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      std::memcpy(base, host.data(), host.size());
+    });
+    TensorEntry e;
+    e.type = CollectiveType::kAllreduce;
+    e.name = "mixed";
+    e.dtype = DataType::kUint8;
+    e.shape = {layout.total_bytes};
+    e.packed_shapes = shapes;
+    e.packed_dtypes = dtypes;
+    e.device = kGpu;
+    e.device_context = context;
+    e.input = base;
+    e.output = base;
+    auto f = Hook(&e);
+    c.engines[rank]->Enqueue(std::move(e));
+    Status s = Await(&f);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    ASSERT_TRUE(stream->Synchronize().ok());
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(reinterpret_cast<float*>(base + layout.byte_offsets[0])[i],
+                1.0f + 2 * i);
+    }
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_EQ(reinterpret_cast<int64_t*>(base + layout.byte_offsets[1])[i],
+                (int64_t{1} << 40) * 3 + 2 * i);
+    }
+    for (int i = 0; i < 5; ++i) {
+      EXPECT_EQ(reinterpret_cast<float*>(base + layout.byte_offsets[2])[i],
+                0.5f);
+    }
+  });
+}
+
 // A failure the plane reports after its call returned reaches the entries
 // (DeviceContext::async_status) and fails every later collective of the
 // device, on every rank.
