@@ -169,23 +169,30 @@ struct GpuDevice {
   // On the op's stream, after the work that produced the inputs.
   static absl::Status Copy(const Op& op, void* dst, const void* src,
                            int64_t bytes) {
-    const cudaError_t e = cudaMemcpyAsync(
-        dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice,
-        static_cast<cudaStream_t>(op.cuda_stream));
+    cudaError_t e = cudaSetDevice(op.ordinal);
+    if (e == cudaSuccess) {
+      e = cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes),
+                          cudaMemcpyDeviceToDevice,
+                          static_cast<cudaStream_t>(op.cuda_stream));
+    }
     if (e != cudaSuccess) {
       return absl::InternalError(absl::StrCat(
-          "mpistrategy: cudaMemcpyAsync failed: ", cudaGetErrorString(e)));
+          "mpistrategy: packing a grouped allreduce failed: ",
+          cudaGetErrorString(e)));
     }
     return absl::OkStatus();
   }
 
   static absl::Status Zero(const Op& op, void* dst, int64_t bytes) {
-    const cudaError_t e =
-        cudaMemsetAsync(dst, 0, static_cast<size_t>(bytes),
-                        static_cast<cudaStream_t>(op.cuda_stream));
+    cudaError_t e = cudaSetDevice(op.ordinal);
+    if (e == cudaSuccess) {
+      e = cudaMemsetAsync(dst, 0, static_cast<size_t>(bytes),
+                          static_cast<cudaStream_t>(op.cuda_stream));
+    }
     if (e != cudaSuccess) {
       return absl::InternalError(absl::StrCat(
-          "mpistrategy: cudaMemsetAsync failed: ", cudaGetErrorString(e)));
+          "mpistrategy: packing a grouped allreduce failed: ",
+          cudaGetErrorString(e)));
     }
     return absl::OkStatus();
   }
