@@ -38,13 +38,18 @@ PREBUILT = os.environ.get("MPISTRATEGY_PREBUILT_LIBRARY", "")
 
 # cc/sources.bzl list -> the Bazel package its paths are relative to.
 _CPU_LISTS = {
-    "ENGINE_COMMON_SRCS": "cc/engine",
+    "COMMON_SRCS": "cc/common",
+    "COMMON_MPI_SRCS": "cc/common",
+    "ENGINE_CONFIG_SRCS": "cc/engine",
     "ENGINE_SRCS": "cc/engine",
+    "PLANE_SRCS": "cc/transport",
     "MPI_TRANSPORT_SRCS": "cc/transport",
     "KERNEL_SRCS": "cc",
 }
 _GPU_LISTS = {
-    "NCCL_TRANSPORT_SRCS": "cc/transport",
+    "COMMON_CUDA_SRCS": "cc/common",
+    "CUDA_STREAM_SRCS": "cc/device",
+    "NCCL_PLANE_SRCS": "cc/transport",
     "KERNEL_GPU_SRCS": "cc",
 }
 
@@ -183,7 +188,7 @@ if __name__ == "__main__":  # setuptools runs this file as __main__
               EXT_NAME,
               sources=_sources(),
               language="c++",
-              include_dirs=["."],  # "cc/engine/common.h" style includes
+              include_dirs=["."],  # "cc/common/common.h" style includes
           )
       ],
       cmdclass={"build_ext": BuildExt},

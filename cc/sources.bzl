@@ -6,12 +6,33 @@ of string lists: setup.py parses it with Python's `ast`, without Bazel.
 Paths are relative to the target's package; headers are listed too.
 """
 
-# //cc/engine:common: types, config, autotuner, host reduction kernels.
-ENGINE_COMMON_SRCS = [
-    "autotuner.cc",
+# //cc/common:common: types, logging, host reduction kernels.
+COMMON_SRCS = [
     "common.cc",
-    "config.cc",
+    "logging.cc",
     "reduce_kernels.cc",
+    "stream.cc",
+]
+
+# //cc/common:mpi_checks.
+COMMON_MPI_SRCS = [
+    "checks_mpi.cc",
+]
+
+# //cc/common:cuda_checks (--config=cuda / MPISTRATEGY_CUDA=1 only).
+COMMON_CUDA_SRCS = [
+    "checks_cuda.cc",
+]
+
+# //cc/device:cuda_stream (--config=cuda / MPISTRATEGY_CUDA=1 only).
+CUDA_STREAM_SRCS = [
+    "cuda_stream.cc",
+]
+
+# //cc/engine:config: the engine's configuration and its autotuner.
+ENGINE_CONFIG_SRCS = [
+    "autotuner.cc",
+    "config.cc",
 ]
 
 # //cc/engine:engine: negotiation, fusion, execution, timeline.
@@ -20,8 +41,6 @@ ENGINE_SRCS = [
     "executor.cc",
     "executor.h",
     "fusion.cc",
-    "logging.cc",
-    "logging.h",
     "message.cc",
     "negotiator.cc",
     "peer_monitor.cc",
@@ -30,20 +49,28 @@ ENGINE_SRCS = [
     "timeline.cc",
 ]
 
+# //cc/transport:planes: the host, staging and hierarchical data planes.
+PLANE_SRCS = [
+    "hierarchical_plane.cc",
+    "host_plane.cc",
+    "staging_plane.cc",
+]
+
 # //cc/transport:mpi_transport.
 MPI_TRANSPORT_SRCS = [
     "mpi_transport.cc",
 ]
 
-# //cc/transport:nccl_transport (--config=cuda / MPISTRATEGY_CUDA=1 only).
-NCCL_TRANSPORT_SRCS = [
-    "nccl_transport.cc",
+# //cc/transport:nccl_plane (--config=cuda / MPISTRATEGY_CUDA=1 only).
+NCCL_PLANE_SRCS = [
+    "nccl_plane.cc",
 ]
 
 # //cc:mpi_ops_kernels: op registrations, kernels and the C ABI.
 KERNEL_SRCS = [
     "kernels/c_api.cc",
     "kernels/collective_kernels.cc",
+    "kernels/collective_kernels.h",
     "kernels/engine_holder.cc",
     "kernels/tf_adapter.cc",
     "ops/mpi_ops.cc",

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "cc/engine/autotuner.h"
-#include "cc/engine/common.h"
+#include "cc/common/common.h"
 
 namespace mpistrategy {
 

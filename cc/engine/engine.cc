@@ -28,7 +28,7 @@
 #include "cc/engine/autotuner.h"
 #include "cc/engine/executor.h"
 #include "cc/engine/fusion.h"
-#include "cc/engine/logging.h"
+#include "cc/common/logging.h"
 #include "cc/engine/message.h"
 #include "cc/engine/negotiator.h"
 #include "cc/engine/peer_monitor.h"
@@ -93,11 +93,11 @@ Status ValidatePackedGroup(const TensorEntry& e) {
     }
     return Status::Ok();
   }
-  if (e.type != CollectiveType::kAllreduce || e.device != kCpuDevice ||
+  if (e.type != CollectiveType::kAllreduce ||
       e.packed_dtypes.size() != e.packed_shapes.size() ||
       e.dtype != DataType::kUint8) {
     return Status::InvalidArgument(
-        Describe(e) + ": packed_dtypes need a CPU uint8 allreduce with one "
+        Describe(e) + ": packed_dtypes need a uint8 allreduce with one "
         "dtype per packed shape (" + std::to_string(e.packed_dtypes.size()) +
         " dtypes, " + std::to_string(e.packed_shapes.size()) + " shapes)");
   }

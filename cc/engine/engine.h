@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "cc/engine/autotuner.h"
-#include "cc/engine/common.h"
+#include "cc/common/common.h"
 #include "cc/engine/config.h"
 #include "cc/transport/transport.h"
 
@@ -50,8 +50,8 @@ struct TensorEntry {
   // {PackedGroupLayout(...).total_bytes}) laid out by PackedGroupLayout and
   // reduced one dtype segment at a time; still one name and one
   // negotiation, so ranks whose groups differ in dtypes fail naming the
-  // tensor.  Empty for single-dtype groups (the buffer has `dtype`).  CPU
-  // only, and never fused with other entries.
+  // tensor.  Empty for single-dtype groups (the buffer has `dtype`).  Never
+  // fused with other entries.
   std::vector<DataType> packed_dtypes;
   int32_t device = kCpuDevice;
   // GPU entries (device != kCpuDevice): the op's stream and GPU; null for

@@ -1,18 +1,9 @@
 #include "cc/engine/executor.h"
 
+#include <algorithm>
 #include <cstring>
 
-#include "cc/engine/reduce_kernels.h"
-
 namespace mpistrategy {
-
-namespace {
-
-ReduceOp TransportOp(ReduceOp op) {
-  return op == ReduceOp::kMean ? ReduceOp::kSum : op;
-}
-
-}  // namespace
 
 Status AllocateOutput(TensorEntry* entry, const Shape& shape, void** data) {
   *data = nullptr;
@@ -34,19 +25,105 @@ int64_t AllreduceBytes(const Response& response) {
   return NumElements(response.shapes[0]) * DataTypeSize(response.dtype);
 }
 
+namespace {
+
+// Device buffers grow in steps of this many bytes.
+constexpr int64_t kBufferGranularity = int64_t{1} << 20;
+
+}  // namespace
+
 Executor::Executor(Transport* transport, bool hierarchical_allreduce,
                    Timeline* timeline)
     : transport_(transport),
       hierarchical_allreduce_(hierarchical_allreduce),
       timeline_(timeline),
       rank_(transport->rank()),
-      size_(transport->size()) {}
+      size_(transport->size()),
+      host_plane_(transport),
+      host_stream_(std::make_shared<HostStream>()) {
+  devices_[kCpuDevice].plane = &host_plane_;
+}
 
-char* Executor::Buffer(int64_t bytes) {
-  if (static_cast<int64_t>(buffer_.size()) < bytes) {
-    buffer_.resize(static_cast<size_t>(bytes));
+Status Executor::Buffer(const Bucket& bucket, int64_t bytes, char** buffer) {
+  Device* d = bucket.device;
+  if (bytes > d->capacity) {
+    // Freed first so the allocator can reuse the space.
+    d->buffer.reset();
+    d->capacity = 0;
+    const int64_t want = (bytes + kBufferGranularity - 1) /
+                         kBufferGranularity * kBufferGranularity;
+    MPISTRATEGY_RETURN_IF_ERROR(bucket.stream->Allocate(want, &d->buffer));
+    d->capacity = want;
   }
-  return buffer_.data();
+  *buffer = static_cast<char*>(d->buffer.get());
+  return Status::Ok();
+}
+
+Status Executor::BucketFor(const Response& response,
+                           const std::vector<TensorEntry*>& entries,
+                           Bucket* bucket) {
+  if (response.device == kCpuDevice ||
+      response.type == ResponseType::kBarrier) {
+    bucket->device = &devices_[kCpuDevice];
+    bucket->stream = host_stream_.get();
+    return Status::Ok();
+  }
+  for (const TensorEntry* e : entries) {
+    if (e->device_context == nullptr || e->device_context->stream() == nullptr) {
+      return Status::Internal("GPU collective \"" + e->name +
+                              "\" has no device context");
+    }
+  }
+  const DeviceContext& context = *entries[0]->device_context;
+  Device* d = &devices_[response.device];
+  if (d->plane == nullptr) {
+    MPISTRATEGY_RETURN_IF_ERROR(context.CreatePlane(
+        transport_, hierarchical_allreduce_, response.device, &d->owned));
+    d->plane = d->owned.get();
+  }
+  // A plane whose asynchronous work failed fails every later collective
+  // of the device.
+  if (auto status = d->plane->async_status()) {
+    MPISTRATEGY_RETURN_IF_ERROR(status->Get());
+  }
+  bucket->device = d;
+  bucket->stream = context.stream().get();
+  return Status::Ok();
+}
+
+Status Executor::JoinStreams(Device* device,
+                             const std::shared_ptr<Stream>& stream,
+                             const std::vector<TensorEntry*>& entries) {
+  streams_.clear();
+  auto add = [this, &stream](const std::shared_ptr<Stream>& s) {
+    if (s == nullptr || s->id() == stream->id()) return;
+    for (const std::shared_ptr<Stream>& t : streams_) {
+      if (t->id() == s->id()) return;
+    }
+    streams_.push_back(s);
+  };
+  for (const TensorEntry* e : entries) add(e->device_context->stream());
+  add(device->buffer_stream);
+  if (streams_.empty()) return Status::Ok();
+  if (device->event == nullptr) {
+    MPISTRATEGY_RETURN_IF_ERROR(stream->NewEvent(&device->event));
+  }
+  for (const std::shared_ptr<Stream>& s : streams_) {
+    MPISTRATEGY_RETURN_IF_ERROR(s->Record(device->event.get()));
+    MPISTRATEGY_RETURN_IF_ERROR(stream->Wait(device->event.get()));
+  }
+  return Status::Ok();
+}
+
+Status Executor::ForkStreams(Device* device,
+                             const std::shared_ptr<Stream>& stream) {
+  device->buffer_stream = stream;
+  if (streams_.empty()) return Status::Ok();
+  MPISTRATEGY_RETURN_IF_ERROR(stream->Record(device->event.get()));
+  for (const std::shared_ptr<Stream>& s : streams_) {
+    MPISTRATEGY_RETURN_IF_ERROR(s->Wait(device->event.get()));
+  }
+  return Status::Ok();
 }
 
 Status Executor::Execute(const std::vector<const Response*>& responses,
@@ -54,23 +131,33 @@ Status Executor::Execute(const std::vector<const Response*>& responses,
                          std::vector<Status>* entry_status) {
   entry_status->assign(entries.size(), Status::Ok());
   const Response& first = *responses[0];
-  DeviceTransport* device = nullptr;
-  MPISTRATEGY_RETURN_IF_ERROR(DeviceTransportFor(first, *entries[0], &device));
-  if (timeline_ == nullptr) {
-    return Run(device, responses, entries, entry_status);
+  Bucket bucket;
+  MPISTRATEGY_RETURN_IF_ERROR(BucketFor(first, entries, &bucket));
+  const bool host = bucket.stream->host_synchronous();
+  const std::shared_ptr<Stream>* device_stream =
+      host ? nullptr : &entries[0]->device_context->stream();
+  if (device_stream != nullptr) {
+    MPISTRATEGY_RETURN_IF_ERROR(
+        JoinStreams(bucket.device, *device_stream, entries));
   }
-  // A fused CPU allreduce records its copies and its collective itself.
-  const bool fused = device == nullptr && responses.size() > 1;
-  const double start = timeline_->Now();
-  Status s = Run(device, responses, entries, entry_status);
-  if (!fused) {
-    // GPU buckets: the time to enqueue the work on the op's stream.
+  // A fused host allreduce records its copies and its collective itself.
+  const bool fused = host && responses.size() > 1;
+  const double start = timeline_ != nullptr ? timeline_->Now() : 0.0;
+  Status s = Run(bucket, responses, entries, entry_status);
+  if (timeline_ != nullptr && !fused) {
+    // Device buckets: the time to enqueue the work on the op's stream.
     Trace(TimelineCollectiveName(ToCollectiveType(first.type)), responses,
           entries, start, timeline_->Now());
   }
+  if (device_stream != nullptr) {
+    for (TensorEntry* e : entries) {
+      e->device_context->set_async_status(bucket.device->plane->async_status());
+    }
+    MPISTRATEGY_RETURN_IF_ERROR(s);
+    return ForkStreams(bucket.device, *device_stream);
+  }
   return s;
 }
-
 void Executor::Trace(const char* activity,
                      const std::vector<const Response*>& responses,
                      const std::vector<TensorEntry*>& entries, double start,
@@ -101,25 +188,22 @@ void Executor::Trace(const char* activity,
   }
 }
 
-Status Executor::Run(DeviceTransport* device,
+Status Executor::Run(const Bucket& bucket,
                      const std::vector<const Response*>& responses,
                      const std::vector<TensorEntry*>& entries,
                      std::vector<Status>* entry_status) {
   const Response& first = *responses[0];
-  if (device != nullptr) {
-    return device->Execute(responses, entries, entry_status);
-  }
   switch (first.type) {
     case ResponseType::kAllreduce:
-      return Allreduce(responses, entries, entry_status);
+      return Allreduce(bucket, responses, entries);
     case ResponseType::kAllgather:
-      return Allgather(first, entries[0], &(*entry_status)[0]);
+      return Allgather(bucket, first, entries[0], &(*entry_status)[0]);
     case ResponseType::kBroadcast:
-      return Broadcast(first, entries[0]);
+      return Broadcast(bucket, first, entries[0]);
     case ResponseType::kReducescatter:
-      return Reducescatter(first, entries[0], &(*entry_status)[0]);
+      return Reducescatter(bucket, first, entries[0], &(*entry_status)[0]);
     case ResponseType::kAlltoall:
-      return Alltoall(first, entries[0], &(*entry_status)[0]);
+      return Alltoall(bucket, first, entries[0], &(*entry_status)[0]);
     case ResponseType::kBarrier:
       return transport_->Barrier();
     case ResponseType::kError:
@@ -128,84 +212,64 @@ Status Executor::Run(DeviceTransport* device,
   return Status::Internal("Executor::Execute given an error response");
 }
 
-Status Executor::DeviceTransportFor(const Response& response,
-                                   const TensorEntry& entry,
-                                   DeviceTransport** device_transport) {
-  *device_transport = nullptr;
-  if (response.device == kCpuDevice ||
-      response.type == ResponseType::kBarrier) {
-    return Status::Ok();
-  }
-  if (device_transport_ == nullptr) {
-    if (entry.device_context == nullptr) {
-      return Status::Internal("GPU collective \"" + entry.name +
-                              "\" has no device context");
-    }
-    MPISTRATEGY_RETURN_IF_ERROR(entry.device_context->CreateTransport(
-        transport_, hierarchical_allreduce_, &device_transport_));
-  }
-  *device_transport = device_transport_.get();
-  return Status::Ok();
-}
-
-Status Executor::Allreduce(const std::vector<const Response*>& responses,
-                           const std::vector<TensorEntry*>& entries,
-                           std::vector<Status>* entry_status) {
+Status Executor::Allreduce(const Bucket& bucket,
+                           const std::vector<const Response*>& responses,
+                           const std::vector<TensorEntry*>& entries) {
   const Response& first = *responses[0];
   const DataType dtype = first.dtype;
-  const ReduceOp op = TransportOp(first.reduce_op);
-  const bool mean = first.reduce_op == ReduceOp::kMean;
+  const ReduceOp op = first.reduce_op;
+  DataPlane* plane = bucket.device->plane;
+  Stream* stream = bucket.stream;
   if (responses.size() == 1 && !first.packed_dtypes.empty()) {
-    return AllreduceMixedPack(first, entries[0], &(*entry_status)[0]);
+    return AllreduceMixedPack(bucket, first, entries[0]);
   }
   if (responses.size() == 1) {
     // The big-tensor path: straight from input to output, no copies.
     TensorEntry* e = entries[0];
     const int64_t count = NumElements(first.shapes[0]);
     if (count == 0) return Status::Ok();
-    MPISTRATEGY_RETURN_IF_ERROR(
-        transport_->Allreduce(e->input, e->output, count, dtype, op));
-    if (mean) (*entry_status)[0] = DivideInPlace(dtype, e->output, count, size_);
-    return Status::Ok();
+    return plane->Allreduce(e->input, e->output, count, dtype, op, stream);
   }
   const int64_t element_size = DataTypeSize(dtype);
   int64_t total = 0;
   for (const Response* r : responses) total += NumElements(r->shapes[0]);
+  const bool host = stream->host_synchronous();
   if (total == 0) {
-    if (timeline_ != nullptr) {
+    if (timeline_ != nullptr && host) {
       const double now = timeline_->Now();
       Trace(TimelineCollectiveName(CollectiveType::kAllreduce), responses,
             entries, now, now);
     }
     return Status::Ok();
   }
-  // Timeline marks: before the copies in, the collective, the copies out.
+  // Timeline marks (host buckets): before the copies in, the collective,
+  // the copies out.
+  const bool trace = timeline_ != nullptr && host;
   double t0 = 0.0;
   double t1 = 0.0;
   double t2 = 0.0;
-  if (timeline_ != nullptr) t0 = timeline_->Now();
-  char* buffer = Buffer(total * element_size);
+  if (trace) t0 = timeline_->Now();
+  char* buffer = nullptr;
+  MPISTRATEGY_RETURN_IF_ERROR(Buffer(bucket, total * element_size, &buffer));
   int64_t offset = 0;
   for (size_t k = 0; k < responses.size(); ++k) {
     const int64_t bytes = NumElements(responses[k]->shapes[0]) * element_size;
-    if (bytes > 0) std::memcpy(buffer + offset, entries[k]->input, bytes);
+    MPISTRATEGY_RETURN_IF_ERROR(stream->Memcpy(
+        buffer + offset, entries[k]->input, bytes, CopyKind::kDeviceToDevice));
     offset += bytes;
   }
-  if (timeline_ != nullptr) t1 = timeline_->Now();
+  if (trace) t1 = timeline_->Now();
   MPISTRATEGY_RETURN_IF_ERROR(
-      transport_->Allreduce(buffer, buffer, total, dtype, op));
-  if (mean) {
-    Status s = DivideInPlace(dtype, buffer, total, size_);
-    if (!s.ok()) entry_status->assign(entries.size(), s);
-  }
-  if (timeline_ != nullptr) t2 = timeline_->Now();
+      plane->Allreduce(buffer, buffer, total, dtype, op, stream));
+  if (trace) t2 = timeline_->Now();
   offset = 0;
   for (size_t k = 0; k < responses.size(); ++k) {
     const int64_t bytes = NumElements(responses[k]->shapes[0]) * element_size;
-    if (bytes > 0) std::memcpy(entries[k]->output, buffer + offset, bytes);
+    MPISTRATEGY_RETURN_IF_ERROR(stream->Memcpy(
+        entries[k]->output, buffer + offset, bytes, CopyKind::kDeviceToDevice));
     offset += bytes;
   }
-  if (timeline_ != nullptr) {
+  if (trace) {
     const double t3 = timeline_->Now();
     Trace(kTimelineMemcpyIn, responses, entries, t0, t1);
     Trace(TimelineCollectiveName(CollectiveType::kAllreduce), responses,
@@ -215,11 +279,11 @@ Status Executor::Allreduce(const std::vector<const Response*>& responses,
   return Status::Ok();
 }
 
-Status Executor::AllreduceMixedPack(const Response& response,
-                                    TensorEntry* entry, Status* entry_status) {
+Status Executor::AllreduceMixedPack(const Bucket& bucket,
+                                    const Response& response,
+                                    TensorEntry* entry) {
   // The kernel packed the group into one buffer that is both input and
-  // output; each dtype's segment is one transport call.
-  const ReduceOp op = TransportOp(response.reduce_op);
+  // output; each dtype's segment is one plane call.
   char* buffer = static_cast<char*>(entry->output);
   if (entry->input != entry->output) {
     return Status::Internal("mixed-dtype group \"" + entry->name +
@@ -230,18 +294,15 @@ Status Executor::AllreduceMixedPack(const Response& response,
   for (const PackedSegment& segment : layout.segments) {
     if (segment.elements == 0) continue;
     char* data = buffer + segment.byte_offset;
-    MPISTRATEGY_RETURN_IF_ERROR(transport_->Allreduce(
-        data, data, segment.elements, segment.dtype, op));
-    if (response.reduce_op == ReduceOp::kMean && entry_status->ok()) {
-      *entry_status =
-          DivideInPlace(segment.dtype, data, segment.elements, size_);
-    }
+    MPISTRATEGY_RETURN_IF_ERROR(bucket.device->plane->Allreduce(
+        data, data, segment.elements, segment.dtype, response.reduce_op,
+        bucket.stream));
   }
   return Status::Ok();
 }
 
-Status Executor::Allgather(const Response& response, TensorEntry* entry,
-                           Status* entry_status) {
+Status Executor::Allgather(const Bucket& bucket, const Response& response,
+                           TensorEntry* entry, Status* entry_status) {
   int64_t rows = 0;
   int64_t total_bytes = 0;
   AllgatherLayout(response, size_, &counts_, &rows, &total_bytes);
@@ -249,22 +310,30 @@ Status Executor::Allgather(const Response& response, TensorEntry* entry,
   *entry_status =
       AllocateOutput(entry, WithFirstDim(response.shapes[0], rows), &out);
   if (total_bytes == 0) return Status::Ok();
-  if (out == nullptr) out = Buffer(total_bytes);
-  return transport_->Allgatherv(entry->input, out, counts_);
+  if (out == nullptr) {
+    char* scratch = nullptr;
+    MPISTRATEGY_RETURN_IF_ERROR(Buffer(bucket, total_bytes, &scratch));
+    out = scratch;
+  }
+  return bucket.device->plane->Allgatherv(entry->input, out, counts_,
+                                          bucket.stream);
 }
 
-Status Executor::Broadcast(const Response& response, TensorEntry* entry) {
+Status Executor::Broadcast(const Bucket& bucket, const Response& response,
+                           TensorEntry* entry) {
   const int64_t bytes =
       NumElements(response.shapes[0]) * DataTypeSize(response.dtype);
   if (bytes == 0) return Status::Ok();
   if (rank_ == response.root_rank && entry->input != entry->output) {
-    std::memcpy(entry->output, entry->input, bytes);
+    MPISTRATEGY_RETURN_IF_ERROR(bucket.stream->Memcpy(
+        entry->output, entry->input, bytes, CopyKind::kDeviceToDevice));
   }
-  return transport_->Broadcast(entry->output, bytes, response.root_rank);
+  return bucket.device->plane->Broadcast(entry->output, bytes,
+                                         response.root_rank, bucket.stream);
 }
 
-Status Executor::Reducescatter(const Response& response, TensorEntry* entry,
-                               Status* entry_status) {
+Status Executor::Reducescatter(const Bucket& bucket, const Response& response,
+                               TensorEntry* entry, Status* entry_status) {
   const Shape& shape = response.shapes[0];
   const int64_t row_elements = RowElements(shape);
   const int64_t base = shape[0] / size_;
@@ -278,20 +347,22 @@ Status Executor::Reducescatter(const Response& response, TensorEntry* entry,
   *entry_status = AllocateOutput(entry, WithFirstDim(shape, my_rows), &out);
   if (NumElements(shape) == 0) return Status::Ok();
   if (out == nullptr) {
-    out = Buffer(counts_[rank_] * DataTypeSize(response.dtype));
+    // Also when this rank's block is empty: planes want a valid pointer.
+    char* scratch = nullptr;
+    MPISTRATEGY_RETURN_IF_ERROR(Buffer(
+        bucket,
+        std::max(counts_[rank_], int64_t{1}) * DataTypeSize(response.dtype),
+        &scratch));
+    out = scratch;
   }
-  MPISTRATEGY_RETURN_IF_ERROR(transport_->Reducescatter(
-      entry->input, out, counts_, response.dtype,
-      TransportOp(response.reduce_op)));
-  if (response.reduce_op == ReduceOp::kMean && entry_status->ok()) {
-    *entry_status =
-        DivideInPlace(response.dtype, out, counts_[rank_], size_);
-  }
-  return Status::Ok();
+  return bucket.device->plane->Reducescatter(entry->input, out, counts_,
+                                             response.dtype,
+                                             response.reduce_op,
+                                             bucket.stream);
 }
 
-Status Executor::Alltoall(const Response& response, TensorEntry* entry,
-                          Status* entry_status) {
+Status Executor::Alltoall(const Bucket& bucket, const Response& response,
+                          TensorEntry* entry, Status* entry_status) {
   const int64_t row_bytes =
       RowElements(response.shapes[0]) * DataTypeSize(response.dtype);
   counts_.resize(size_);   // send bytes
@@ -312,9 +383,14 @@ Status Executor::Alltoall(const Response& response, TensorEntry* entry,
   *entry_status =
       AllocateOutput(entry, WithFirstDim(response.shapes[0], my_rows), &out);
   if (all_bytes > 0) {
-    if (out == nullptr) out = Buffer(my_rows * row_bytes);
-    MPISTRATEGY_RETURN_IF_ERROR(
-        transport_->Alltoallv(entry->input, counts_, out, counts2_));
+    if (out == nullptr) {
+      char* scratch = nullptr;
+      MPISTRATEGY_RETURN_IF_ERROR(
+          Buffer(bucket, std::max(my_rows * row_bytes, int64_t{1}), &scratch));
+      out = scratch;
+    }
+    MPISTRATEGY_RETURN_IF_ERROR(bucket.device->plane->Alltoallv(
+        entry->input, counts_, out, counts2_, bucket.stream));
   }
   if (entry_status->ok() && entry->set_received_splits) {
     entry->set_received_splits(received_rows);

@@ -1,4 +1,11 @@
-// Runs negotiated (and fusion-planned) collectives against a Transport.
+// Runs negotiated (and fusion-planned) collectives on data planes.
+//
+// The executor computes every layout (fusion offsets, allgather and
+// reducescatter blocks, alltoall splits) once, for every device, and hands
+// raw buffers to the bucket's DataPlane (cc/transport/data_plane.h) on the
+// bucket's Stream (cc/common/stream.h): for CPU tensors a HostPlane over the
+// engine's transport on a HostStream; for GPU tensors the plane the
+// device's first entry creates (device.h) on the op's stream.
 //
 // Called from the engine thread only.  Every rank calls Execute* for the same
 // buckets in the same order, so the transport calls match across ranks even
@@ -10,13 +17,17 @@
 #define MPISTRATEGY_CC_ENGINE_EXECUTOR_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
+#include "cc/common/stream.h"
 #include "cc/engine/device.h"
 #include "cc/engine/engine.h"
 #include "cc/engine/message.h"
 #include "cc/engine/timeline.h"
+#include "cc/transport/data_plane.h"
+#include "cc/transport/host_plane.h"
 #include "cc/transport/transport.h"
 
 namespace mpistrategy {
@@ -38,10 +49,12 @@ class Executor {
 
   // Runs one bucket.  `responses` are the bucket's members (successful
   // responses; more than one only for fused allreduces) and `entries[k]` is
-  // this rank's entry for responses[k]->names[0].  GPU buckets go to the
-  // DeviceTransport (device.h), created by the first one.
+  // this rank's entry for responses[k]->names[0].  A GPU bucket's work is
+  // enqueued on its first entry's stream, which first waits for the other
+  // entries' streams (and they for it afterwards); each GPU entry's
+  // DeviceContext gets the plane's async_status.
   //
-  // Returns the transport's error (fatal for the engine).  Per-entry local
+  // Returns the plane's error (fatal for the engine).  Per-entry local
   // failures go to (*entry_status)[k], resized to entries.size().  With a
   // timeline, records each entry's copy and collective spans.
   Status Execute(const std::vector<const Response*>& responses,
@@ -49,50 +62,76 @@ class Executor {
                  std::vector<Status>* entry_status);
 
  private:
+  // One device's plane and scratch space.
+  struct Device {
+    DataPlane* plane = nullptr;  // host_plane_ or `owned`
+    std::unique_ptr<DataPlane> owned;
+    // Fusion / scratch buffer; grows only, so steady-state cycles allocate
+    // nothing.
+    std::shared_ptr<void> buffer;
+    int64_t capacity = 0;
+    // GPU: the stream that last used `buffer`, and the event that joins
+    // streams (reused: a wait captures the event's state when enqueued).
+    std::shared_ptr<Stream> buffer_stream;
+    std::unique_ptr<Event> event;
+  };
+
+  // What the bucket runs on.
+  struct Bucket {
+    Device* device = nullptr;
+    Stream* stream = nullptr;
+  };
+
+  // The bucket's device, plane and stream; creates the plane on the
+  // device's first bucket.
+  Status BucketFor(const Response& response,
+                   const std::vector<TensorEntry*>& entries, Bucket* bucket);
   // Execute without the collective span.
-  Status Run(DeviceTransport* device,
+  Status Run(const Bucket& bucket,
              const std::vector<const Response*>& responses,
              const std::vector<TensorEntry*>& entries,
              std::vector<Status>* entry_status);
+  // Makes `stream` wait for the bucket's other streams and the buffer's
+  // last user; ForkStreams makes the other streams wait for `stream`.
+  Status JoinStreams(Device* device, const std::shared_ptr<Stream>& stream,
+                     const std::vector<TensorEntry*>& entries);
+  Status ForkStreams(Device* device, const std::shared_ptr<Stream>& stream);
   // Records `activity` from `start` to `end` on the row of every entry, with
   // the bucket's size in the args.  Requires timeline_ != nullptr.
   void Trace(const char* activity,
              const std::vector<const Response*>& responses,
              const std::vector<TensorEntry*>& entries, double start,
              double end);
-  Status Allreduce(const std::vector<const Response*>& responses,
-                   const std::vector<TensorEntry*>& entries,
-                   std::vector<Status>* entry_status);
+  Status Allreduce(const Bucket& bucket,
+                   const std::vector<const Response*>& responses,
+                   const std::vector<TensorEntry*>& entries);
   // A group packed by dtype segments (Response::packed_dtypes), in place.
-  Status AllreduceMixedPack(const Response& response, TensorEntry* entry,
-                            Status* entry_status);
-  Status Allgather(const Response& response, TensorEntry* entry,
-                   Status* entry_status);
-  Status Broadcast(const Response& response, TensorEntry* entry);
-  Status Reducescatter(const Response& response, TensorEntry* entry,
-                       Status* entry_status);
-  Status Alltoall(const Response& response, TensorEntry* entry,
-                  Status* entry_status);
+  Status AllreduceMixedPack(const Bucket& bucket, const Response& response,
+                            TensorEntry* entry);
+  Status Allgather(const Bucket& bucket, const Response& response,
+                   TensorEntry* entry, Status* entry_status);
+  Status Broadcast(const Bucket& bucket, const Response& response,
+                   TensorEntry* entry);
+  Status Reducescatter(const Bucket& bucket, const Response& response,
+                       TensorEntry* entry, Status* entry_status);
+  Status Alltoall(const Bucket& bucket, const Response& response,
+                  TensorEntry* entry, Status* entry_status);
 
-  // The persistent fusion / scratch buffer, at least `bytes` long.  Grows
-  // only, so steady-state cycles allocate nothing.
-  char* Buffer(int64_t bytes);
-
-  // The bucket's device collectives (GPU tensors), creating them on first
-  // use; null for CPU buckets and barriers.
-  Status DeviceTransportFor(const Response& response, const TensorEntry& entry,
-                            DeviceTransport** device_transport);
+  // The device's fusion / scratch buffer, at least `bytes` (> 0) long.
+  Status Buffer(const Bucket& bucket, int64_t bytes, char** buffer);
 
   Transport* transport_;
   const bool hierarchical_allreduce_;
   Timeline* const timeline_;  // may be null
-  std::unique_ptr<DeviceTransport> device_transport_;
   int rank_;
   int size_;
-  std::vector<char> buffer_;
+  HostPlane host_plane_;
+  std::shared_ptr<Stream> host_stream_;
+  std::map<int32_t, Device> devices_;  // by TensorEntry::device
   // Reused per call to avoid per-cycle allocations.
   std::vector<int64_t> counts_;
   std::vector<int64_t> counts2_;
+  std::vector<std::shared_ptr<Stream>> streams_;
 };
 
 }  // namespace mpistrategy

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "cc/engine/autotuner.h"
-#include "cc/engine/common.h"
+#include "cc/common/common.h"
 
 namespace mpistrategy {
 

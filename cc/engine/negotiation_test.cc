@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "cc/engine/engine.h"
-#include "cc/engine/float16.h"
+#include "cc/common/float16.h"
 #include "cc/engine/negotiator.h"
 #include <gtest/gtest.h>
 #include "cc/transport/fake_transport.h"

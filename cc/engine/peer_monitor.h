@@ -31,7 +31,7 @@
 #include <utility>
 #include <vector>
 
-#include "cc/engine/common.h"
+#include "cc/common/common.h"
 
 namespace mpistrategy {
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "cc/engine/common.h"
+#include "cc/common/common.h"
 
 namespace mpistrategy {
 

@@ -8,7 +8,7 @@
 #include <system_error>
 #include <utility>
 
-#include "cc/engine/logging.h"
+#include "cc/common/logging.h"
 #include "cc/engine/stall_inspector.h"
 
 namespace mpistrategy {

@@ -40,7 +40,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cc/engine/common.h"
+#include "cc/common/common.h"
 
 namespace mpistrategy {
 

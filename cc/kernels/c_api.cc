@@ -26,7 +26,7 @@
 #include <string>
 #include <thread>
 
-#include "cc/engine/common.h"
+#include "cc/common/common.h"
 #include "cc/engine/config.h"
 #include "cc/engine/engine.h"
 #include "cc/kernels/engine_holder.h"

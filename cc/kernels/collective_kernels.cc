@@ -1,478 +1,48 @@
-// CPU kernels of the ops in cc/ops/mpi_ops.cc.
-//
-// Each kernel is thin: it validates its inputs, wraps them in a TensorEntry
-// (engine.h), enqueues it with the engine and returns; the engine's thread
-// later runs the collective in lock-step with the other ranks and calls the
-// entry's `done`, which sets the op's status and calls TensorFlow's done.
-// Kernels never call MPI themselves: TensorFlow runs independent ops in any
-// order, so only the engine's negotiation can make every rank execute
-// collectives in the same order.
-//
-// The GPU kernels (collective_kernels_gpu.cc, CUDA build) follow the same
-// shape and add the op's stream to the entry; the entry's device always comes
-// from the kernel's context (EngineDevice in tf_adapter.h).
+// CPU kernels of the ops in cc/ops/mpi_ops.cc: the kernel family of
+// collective_kernels.h on the CPU device policy.  The GPU kernels
+// (collective_kernels_gpu.cc, CUDA build) are the same templates on the GPU
+// policy; the entry's device always comes from the kernel's context
+// (EngineDevice in tf_adapter.h).
 
-#include <algorithm>
-#include <atomic>
 #include <cstring>
-#include <iterator>
-#include <memory>
-#include <mutex>
-#include <string>
 #include <utility>
-#include <vector>
 
-#include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
-#include "cc/engine/common.h"
-#include "cc/engine/engine.h"
-#include "cc/kernels/engine_holder.h"
-#include "cc/kernels/tf_adapter.h"
-#include "tensorflow/core/framework/allocator.h"
-#include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/tensor.h"
-#include "tensorflow/core/framework/tensor_shape.h"
-#include "tensorflow/core/framework/types.h"
+#include "cc/kernels/collective_kernels.h"
 
 namespace mpistrategy {
+namespace kernels {
 namespace {
 
-using ::tensorflow::AsyncOpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
+// Host memory; the output is ready when the engine calls `done`.
+struct CpuDevice {
+  struct Op {};
 
-// Base of all collective kernels: the pairing name and the submission path.
-class CollectiveKernel : public AsyncOpKernel {
- public:
-  explicit CollectiveKernel(OpKernelConstruction* context)
-      : AsyncOpKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("tensor_name", &tensor_name_));
-    if (tensor_name_.empty()) tensor_name_ = name();
-  }
-
-  // ComputeAsync only validates and enqueues; the collective runs on the
-  // engine thread.  Telling TF's executor so lets it run the kernel inline
-  // instead of handing it to the inter-op pool (one thread hop per op).
-  bool IsExpensive() override { return false; }
-
- protected:
-  // The name pairing this op's collective across ranks.
-  const std::string& tensor_name() const { return tensor_name_; }
-
-  // The running engine, or null after failing the op with
-  // FailedPrecondition (and calling `done`).
-  static std::shared_ptr<Engine> EngineOrFail(OpKernelContext* ctx,
-                                              const DoneCallback& done) {
-    std::shared_ptr<Engine> engine = EngineHolder::Instance().Get();
-    if (engine == nullptr) {
-      ctx->SetStatus(absl::FailedPreconditionError(
-          "mpistrategy is not initialized; call mpistrategy.init()"));
-      done();
-      return nullptr;
-    }
-    // A fork child would enqueue to an engine whose thread is not there.
-    const Status forked = EngineHolder::Instance().ForkedChildError();
-    if (!forked.ok()) {
-      ctx->SetStatus(ToTfStatus(forked));
-      done();
-      return nullptr;
-    }
-    return engine;
-  }
-
-  // Fills the entry's common fields from input 0 (when there is one).
-  static absl::Status DescribeInput(OpKernelContext* ctx, const Tensor& input,
-                                    TensorEntry* entry) {
-    TF_RETURN_IF_ERROR(ToEngineDataType(input.dtype(), &entry->dtype));
-    entry->shape = ToEngineShape(input.shape());
-    entry->device = EngineDevice(ctx);
-    entry->input = input.NumElements() > 0 ? input.data() : nullptr;
+  static absl::Status Prepare(OpKernelContext* /*ctx*/,
+                              const std::string& /*kernel*/, Op* /*op*/) {
     return absl::OkStatus();
   }
 
-  // An allocate_output callback that allocates output `index` of `ctx`.
-  static std::function<Status(const Shape&, void**)> OutputAllocator(
-      OpKernelContext* ctx, int index) {
-    return [ctx, index](const Shape& shape, void** data) -> Status {
-      TensorShape tf_shape;
-      absl::Status status = ToTfShape(shape, &tf_shape);
-      Tensor* output = nullptr;
-      if (status.ok()) status = ctx->allocate_output(index, tf_shape, &output);
-      if (!status.ok()) return FromTfStatus(status);
-      *data = output->NumElements() > 0 ? output->data() : nullptr;
-      return Status::Ok();
-    };
-  }
-
-  // Sets the entry's done-callback and hands the entry to the engine.
-  // `keep_alive` (the input) is held until the collective completed.  On a
-  // local validation error Enqueue has already run `done`.
-  static void Submit(OpKernelContext* ctx, Engine* engine, TensorEntry entry,
-                     Tensor keep_alive, DoneCallback done) {
-    entry.done = [ctx, keep_alive = std::move(keep_alive),
-                  done = std::move(done)](const Status& status) mutable {
-      if (!status.ok()) ctx->SetStatus(ToTfStatus(status));
+  static void Attach(const Op& /*op*/, TensorEntry* entry, Tensor keep_alive,
+                     FinishCallback finish) {
+    entry->done = [keep_alive = std::move(keep_alive),
+                   finish = std::move(finish)](const Status& status) mutable {
       // Let go of the input before TF sees the op done: the next op may
       // then reuse the buffer in place, which TF allows only when it holds
       // the buffer's sole reference.
       keep_alive = Tensor();
-      done();
+      finish(ToTfStatus(status));
     };
-    engine->Enqueue(std::move(entry));
   }
 
- private:
-  std::string tensor_name_;
-};
-
-// Collectives that reduce: parse `reduce_op` once.
-class ReducingKernel : public CollectiveKernel {
- public:
-  explicit ReducingKernel(OpKernelConstruction* context)
-      : CollectiveKernel(context) {
-    std::string reduce_op;
-    OP_REQUIRES_OK(context, context->GetAttr("reduce_op", &reduce_op));
-    OP_REQUIRES_OK(context, ParseReduceOp(reduce_op, &reduce_op_));
-  }
-
- protected:
-  ReduceOp reduce_op() const { return reduce_op_; }
-
- private:
-  ReduceOp reduce_op_ = ReduceOp::kSum;
-};
-
-class AllreduceKernel : public ReducingKernel {
- public:
-  using ReducingKernel::ReducingKernel;
-
-  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    std::shared_ptr<Engine> engine = EngineOrFail(ctx, done);
-    if (engine == nullptr) return;
-    const Tensor& input = ctx->input(0);
-    TensorEntry entry;
-    entry.type = CollectiveType::kAllreduce;
-    entry.name = tensor_name();
-    entry.reduce_op = reduce_op();
-    OP_REQUIRES_OK_ASYNC(ctx, DescribeInput(ctx, input, &entry), done);
-    Tensor* output = nullptr;
-    OP_REQUIRES_OK_ASYNC(ctx,
-                         ctx->forward_input_or_allocate_output(
-                             {0}, 0, input.shape(), &output),
-                         done);
-    entry.output = output->NumElements() > 0 ? output->data() : nullptr;
-    Submit(ctx, engine.get(), std::move(entry), input, std::move(done));
-  }
-};
-
-// With `pack` (the default) it copies the inputs into one buffer and
-// all-reduces it in place (a group of several dtypes: one byte buffer with a
-// segment per dtype, see PackedGroupLayout); the outputs are views of it.  The
-// engine then sees one entry instead of one per tensor: one name to
-// negotiate and no copies into and out of its fusion buffer, which is what
-// makes a group of many small tensors cheap.  The inputs' shapes (and, when
-// mixed, dtypes) travel as TensorEntry::packed_shapes/packed_dtypes, so
-// ranks whose groups differ fail naming the tensor.  Without `pack` every
-// input is its own entry and the engine fuses them.
-class GroupedAllreduceKernel : public ReducingKernel {
- public:
-  explicit GroupedAllreduceKernel(OpKernelConstruction* context)
-      : ReducingKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("pack", &pack_));
-  }
-
-  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    std::shared_ptr<Engine> engine = EngineOrFail(ctx, done);
-    if (engine == nullptr) return;
-    if (!pack_) {
-      SubmitEach(ctx, engine.get(), std::move(done));
-      return;
-    }
-    // Always one entry named tensor_name(), whatever the dtypes, so that
-    // ranks whose groups differ in dtypes meet under one name and fail
-    // naming the tensor instead of waiting for each other's names.
-    TensorEntry entry;
-    entry.type = CollectiveType::kAllreduce;
-    entry.name = tensor_name();
-    entry.reduce_op = reduce_op();
-    entry.device = EngineDevice(ctx);
-    Tensor buffer;
-    OP_REQUIRES_OK_ASYNC(ctx, Pack(ctx, &entry, &buffer), done);
-    std::vector<TensorEntry> entries;
-    entries.push_back(std::move(entry));
-    std::vector<Tensor> buffers;
-    buffers.push_back(std::move(buffer));
-    SubmitGroup(ctx, engine.get(), std::move(entries), std::move(buffers),
-                std::move(done));
-  }
-
- private:
-  // pack=false: tensor i becomes the entry `<tensor_name>.<i>`, its output
-  // forwarded from its input where TF allows; the engine fuses them.
-  void SubmitEach(OpKernelContext* ctx, Engine* engine, DoneCallback done) {
-    const int n = ctx->num_inputs();
-    std::vector<TensorEntry> entries(n);
-    std::vector<Tensor> inputs(n);
-    for (int i = 0; i < n; ++i) {
-      const Tensor& input = ctx->input(i);
-      TensorEntry& entry = entries[i];
-      entry.type = CollectiveType::kAllreduce;
-      entry.name = absl::StrCat(tensor_name(), ".", i);
-      entry.reduce_op = reduce_op();
-      OP_REQUIRES_OK_ASYNC(ctx, DescribeInput(ctx, input, &entry), done);
-      Tensor* output = nullptr;
-      OP_REQUIRES_OK_ASYNC(ctx,
-                           ctx->forward_input_or_allocate_output(
-                               {i}, i, input.shape(), &output),
-                           done);
-      entry.output = output->NumElements() > 0 ? output->data() : nullptr;
-      inputs[i] = input;
-    }
-    SubmitGroup(ctx, engine, std::move(entries), std::move(inputs),
-                std::move(done));
-  }
-
-  // Enqueues `entries` together; entry k keeps `keep_alive[k]` until it
-  // completes, and the op completes when the last one does, with the first
-  // error any of them reported.
-  static void SubmitGroup(OpKernelContext* ctx, Engine* engine,
-                          std::vector<TensorEntry> entries,
-                          std::vector<Tensor> keep_alive, DoneCallback done) {
-    struct Group {
-      std::atomic<int> remaining;
-      std::mutex mu;
-      absl::Status status;  // first error
-      DoneCallback done;
-    };
-    auto group = std::make_shared<Group>();
-    group->remaining = static_cast<int>(entries.size());
-    group->done = std::move(done);
-    if (entries.empty()) {
-      group->done();
-      return;
-    }
-    for (size_t k = 0; k < entries.size(); ++k) {
-      entries[k].done = [ctx, group, tensor = std::move(keep_alive[k])](
-                            const Status& status) mutable {
-        tensor = Tensor();  // as in Submit: before TF sees the op done
-        if (!status.ok()) {
-          std::lock_guard<std::mutex> lock(group->mu);
-          if (group->status.ok()) group->status = ToTfStatus(status);
-        }
-        if (group->remaining.fetch_sub(1) == 1) {
-          if (!group->status.ok()) ctx->SetStatus(group->status);
-          group->done();
-        }
-      };
-    }
-    // Every entry is enqueued even if an earlier one was rejected, so the
-    // other ranks never wait for a name this rank skipped.
-    engine->EnqueueGroup(std::move(entries));
-  }
-
-  // Copies every input into one new byte `buffer` laid out by
-  // PackedGroupLayout (a segment per dtype, every tensor aligned like a TF
-  // allocation, so the outputs are valid inputs to every kernel), sets the
-  // outputs to views of it and describes it in `entry` (packed_shapes,
-  // input = output).  With one dtype the entry is a 1-D tensor of that dtype,
-  // fusible like any allreduce; with several it is the uint8 bytes plus
-  // packed_dtypes.
-  static absl::Status Pack(OpKernelContext* ctx, TensorEntry* entry,
-                           Tensor* buffer) {
-    static_assert(kPackAlignmentBytes %
-                          tensorflow::Allocator::kAllocatorAlignment ==
-                      0,
-                  "packed views must be aligned like TF allocations");
-    const int n = ctx->num_inputs();
-    std::vector<DataType> dtypes(n);
-    for (int i = 0; i < n; ++i) {
-      TF_RETURN_IF_ERROR(ToEngineDataType(ctx->input(i).dtype(), &dtypes[i]));
-      entry->packed_shapes.push_back(ToEngineShape(ctx->input(i).shape()));
-    }
-    const PackedLayout layout =
-        PackedGroupLayout(dtypes, entry->packed_shapes);
-    TF_RETURN_IF_ERROR(ctx->allocate_temp(
-        tensorflow::DT_UINT8, TensorShape({layout.total_bytes}), buffer));
-    char* base = layout.total_bytes > 0
-                     ? static_cast<char*>(buffer->data())
-                     : nullptr;
-    // Tensors in buffer order (a segment per dtype), so that the gaps
-    // between them can be zeroed as they are passed: they are reduced with
-    // the tensors and never read back.
-    std::vector<int> order(n);
-    for (int i = 0; i < n; ++i) order[i] = i;
-    std::stable_sort(order.begin(), order.end(), [&layout](int a, int b) {
-      return layout.byte_offsets[a] < layout.byte_offsets[b];
-    });
-    int64_t written = 0;  // bytes
-    for (int i : order) {
-      const Tensor& input = ctx->input(i);
-      const int64_t offset = layout.byte_offsets[i];
-      const int64_t bytes = input.TotalBytes();
-      if (offset > written) std::memset(base + written, 0, offset - written);
-      if (bytes > 0) std::memcpy(base + offset, input.data(), bytes);
-      written = std::max(written, offset + bytes);
-      Tensor output;
-      const absl::Status viewed = output.BitcastFrom(
-          buffer->Slice(offset, offset + bytes), input.dtype(), input.shape());
-      if (!viewed.ok()) {
-        return absl::InternalError(absl::StrCat(
-            "grouped allreduce \"", entry->name, "\": cannot view tensor ", i,
-            " of the packed buffer as ", input.shape().DebugString(), ": ",
-            viewed.message()));
-      }
-      ctx->set_output(i, output);
-    }
-    if (layout.segments.size() == 1) {
-      entry->dtype = dtypes[0];
-      entry->shape = Shape{layout.total_bytes / DataTypeSize(dtypes[0])};
-    } else {
-      entry->dtype = DataType::kUint8;
-      entry->shape = Shape{layout.total_bytes};
-      entry->packed_dtypes = std::move(dtypes);
-    }
-    entry->input = base;
-    entry->output = base;
+  static absl::Status Copy(const Op& /*op*/, void* dst, const void* src,
+                           int64_t bytes) {
+    std::memcpy(dst, src, static_cast<size_t>(bytes));
     return absl::OkStatus();
   }
 
-  bool pack_ = true;
-};
-
-class AllgatherKernel : public CollectiveKernel {
- public:
-  using CollectiveKernel::CollectiveKernel;
-
-  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    std::shared_ptr<Engine> engine = EngineOrFail(ctx, done);
-    if (engine == nullptr) return;
-    const Tensor& input = ctx->input(0);
-    TensorEntry entry;
-    entry.type = CollectiveType::kAllgather;
-    entry.name = tensor_name();
-    OP_REQUIRES_OK_ASYNC(ctx, DescribeInput(ctx, input, &entry), done);
-    entry.allocate_output = OutputAllocator(ctx, 0);
-    Submit(ctx, engine.get(), std::move(entry), input, std::move(done));
-  }
-};
-
-class BroadcastKernel : public CollectiveKernel {
- public:
-  explicit BroadcastKernel(OpKernelConstruction* context)
-      : CollectiveKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("root_rank", &root_rank_));
-  }
-
-  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    std::shared_ptr<Engine> engine = EngineOrFail(ctx, done);
-    if (engine == nullptr) return;
-    const Tensor& input = ctx->input(0);
-    TensorEntry entry;
-    entry.type = CollectiveType::kBroadcast;
-    entry.name = tensor_name();
-    entry.root_rank = root_rank_;
-    OP_REQUIRES_OK_ASYNC(ctx, DescribeInput(ctx, input, &entry), done);
-    Tensor* output = nullptr;
-    OP_REQUIRES_OK_ASYNC(ctx,
-                         ctx->forward_input_or_allocate_output(
-                             {0}, 0, input.shape(), &output),
-                         done);
-    entry.output = output->NumElements() > 0 ? output->data() : nullptr;
-    Submit(ctx, engine.get(), std::move(entry), input, std::move(done));
-  }
-
- private:
-  int32_t root_rank_ = 0;
-};
-
-class ReducescatterKernel : public ReducingKernel {
- public:
-  using ReducingKernel::ReducingKernel;
-
-  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    std::shared_ptr<Engine> engine = EngineOrFail(ctx, done);
-    if (engine == nullptr) return;
-    const Tensor& input = ctx->input(0);
-    TensorEntry entry;
-    entry.type = CollectiveType::kReducescatter;
-    entry.name = tensor_name();
-    entry.reduce_op = reduce_op();
-    OP_REQUIRES_OK_ASYNC(ctx, DescribeInput(ctx, input, &entry), done);
-    entry.allocate_output = OutputAllocator(ctx, 0);
-    Submit(ctx, engine.get(), std::move(entry), input, std::move(done));
-  }
-};
-
-class AlltoallKernel : public CollectiveKernel {
- public:
-  using CollectiveKernel::CollectiveKernel;
-
-  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    std::shared_ptr<Engine> engine = EngineOrFail(ctx, done);
-    if (engine == nullptr) return;
-    const Tensor& input = ctx->input(0);
-    const Tensor& splits = ctx->input(1);
-    OP_REQUIRES_ASYNC(
-        ctx, splits.dims() == 1,
-        absl::InvalidArgumentError(absl::StrCat(
-            "alltoall '", tensor_name(), "' needs 1-D splits, got shape ",
-            splits.shape().DebugString())),
-        done);
-    TensorEntry entry;
-    entry.type = CollectiveType::kAlltoall;
-    entry.name = tensor_name();
-    OP_REQUIRES_OK_ASYNC(ctx, DescribeInput(ctx, input, &entry), done);
-    const tensorflow::DataType splits_dtype = splits.dtype();
-    entry.splits.resize(splits.NumElements());
-    for (int64_t i = 0; i < splits.NumElements(); ++i) {
-      entry.splits[i] = splits_dtype == tensorflow::DT_INT32
-                            ? splits.flat<int32_t>()(i)
-                            : splits.flat<int64_t>()(i);
-    }
-    entry.allocate_output = OutputAllocator(ctx, 0);
-    // The engine calls this before `done`, on its thread; an allocation
-    // failure is reported through `done`'s status.
-    auto splits_status = std::make_shared<absl::Status>();
-    entry.set_received_splits = [ctx, splits_dtype, splits_status](
-                                    const std::vector<int64_t>& received) {
-      Tensor* output = nullptr;
-      *splits_status = ctx->allocate_output(
-          1, TensorShape({static_cast<int64_t>(received.size())}), &output);
-      if (!splits_status->ok()) return;
-      for (size_t i = 0; i < received.size(); ++i) {
-        if (splits_dtype == tensorflow::DT_INT32) {
-          output->flat<int32_t>()(i) = static_cast<int32_t>(received[i]);
-        } else {
-          output->flat<int64_t>()(i) = received[i];
-        }
-      }
-    };
-    Submit(ctx, engine.get(), std::move(entry), input,
-           [ctx, splits_status, done = std::move(done)]() {
-             if (ctx->status().ok() && !splits_status->ok()) {
-               ctx->SetStatus(*splits_status);
-             }
-             done();
-           });
-  }
-};
-
-class BarrierKernel : public CollectiveKernel {
- public:
-  using CollectiveKernel::CollectiveKernel;
-
-  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    std::shared_ptr<Engine> engine = EngineOrFail(ctx, done);
-    if (engine == nullptr) return;
-    TensorEntry entry;
-    entry.type = CollectiveType::kBarrier;
-    entry.name = tensor_name();
-    entry.dtype = DataType::kUint8;
-    entry.shape = Shape{0};
-    entry.device = EngineDevice(ctx);
-    Submit(ctx, engine.get(), std::move(entry), Tensor(), std::move(done));
+  static absl::Status Zero(const Op& /*op*/, void* dst, int64_t bytes) {
+    std::memset(dst, 0, static_cast<size_t>(bytes));
+    return absl::OkStatus();
   }
 };
 
@@ -480,20 +50,21 @@ using ::tensorflow::DEVICE_CPU;
 using ::tensorflow::register_kernel::Name;
 
 REGISTER_KERNEL_BUILDER(Name("MpiStrategyAllreduce").Device(DEVICE_CPU),
-                        AllreduceKernel);
+                        AllreduceKernel<CpuDevice>);
 REGISTER_KERNEL_BUILDER(
     Name("MpiStrategyGroupedAllreduce").Device(DEVICE_CPU),
-    GroupedAllreduceKernel);
+    GroupedAllreduceKernel<CpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("MpiStrategyAllgather").Device(DEVICE_CPU),
-                        AllgatherKernel);
+                        AllgatherKernel<CpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("MpiStrategyBroadcast").Device(DEVICE_CPU),
-                        BroadcastKernel);
+                        BroadcastKernel<CpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("MpiStrategyReducescatter").Device(DEVICE_CPU),
-                        ReducescatterKernel);
+                        ReducescatterKernel<CpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("MpiStrategyAlltoall").Device(DEVICE_CPU),
-                        AlltoallKernel);
+                        AlltoallKernel<CpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("MpiStrategyBarrier").Device(DEVICE_CPU),
-                        BarrierKernel);
+                        BarrierKernel<CpuDevice>);
 
 }  // namespace
+}  // namespace kernels
 }  // namespace mpistrategy

@@ -12,7 +12,7 @@
 #include <memory>
 #include <mutex>
 
-#include "cc/engine/common.h"
+#include "cc/common/common.h"
 #include "cc/engine/config.h"
 #include "cc/engine/engine.h"
 #include "cc/transport/transport.h"

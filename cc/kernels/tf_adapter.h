@@ -8,7 +8,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "cc/engine/common.h"
+#include "cc/common/common.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/framework/types.pb.h"

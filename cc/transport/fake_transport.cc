@@ -4,7 +4,7 @@
 #include <cstring>
 #include <thread>
 
-#include "cc/engine/reduce_kernels.h"
+#include "cc/common/reduce_kernels.h"
 
 namespace mpistrategy {
 

@@ -7,7 +7,8 @@
 #include <cstring>
 #include <thread>
 
-#include "cc/engine/reduce_kernels.h"
+#include "cc/common/checks.h"
+#include "cc/common/reduce_kernels.h"
 
 #include <unistd.h>
 
@@ -28,23 +29,6 @@ std::atomic<bool> g_we_initialized_mpi{false};
 // ... in this process: a fork child inherits the flag but must not
 // finalize its parent's MPI.
 std::atomic<int64_t> g_initialized_in_pid{0};
-
-Status MpiError(int rc, const char* what) {
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) {
-    len = 0;
-  }
-  return Status::Unavailable(std::string("MPI error in ") + what + ": " +
-                             std::string(text, len) + " (code " +
-                             std::to_string(rc) + ")");
-}
-
-#define MPISTRATEGY_MPI_CHECK(call, what)              \
-  do {                                                 \
-    const int rc_ = (call);                            \
-    if (rc_ != MPI_SUCCESS) return MpiError(rc_, what); \
-  } while (0)
 
 template <DataType kDtype, ReduceOp kOp>
 void UserReduce(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {

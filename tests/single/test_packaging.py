@@ -120,8 +120,10 @@ def _bazel_lists():
 
 
 @pytest.mark.parametrize("package,lists", [
-    ("cc/engine", ["ENGINE_COMMON_SRCS", "ENGINE_SRCS"]),
-    ("cc/transport", ["MPI_TRANSPORT_SRCS", "NCCL_TRANSPORT_SRCS"]),
+    ("cc/common", ["COMMON_SRCS", "COMMON_MPI_SRCS", "COMMON_CUDA_SRCS"]),
+    ("cc/device", ["CUDA_STREAM_SRCS"]),
+    ("cc/engine", ["ENGINE_CONFIG_SRCS", "ENGINE_SRCS"]),
+    ("cc/transport", ["PLANE_SRCS", "MPI_TRANSPORT_SRCS", "NCCL_PLANE_SRCS"]),
 ])
 def test_source_list_has_every_library_file(package, lists):
   """A new .cc file must go into cc/sources.bzl, or neither build has it."""

@@ -1,8 +1,8 @@
 // A tiny logger: one line to stderr, prefixed "[mpistrategy rank R] ".
 // Thread-safe (a single fprintf per line).
 
-#ifndef MPISTRATEGY_CC_ENGINE_LOGGING_H_
-#define MPISTRATEGY_CC_ENGINE_LOGGING_H_
+#ifndef MPISTRATEGY_CC_COMMON_LOGGING_H_
+#define MPISTRATEGY_CC_COMMON_LOGGING_H_
 
 #include <string>
 
@@ -14,4 +14,4 @@ void LogLine(const std::string& who, const std::string& message);
 
 }  // namespace mpistrategy
 
-#endif  // MPISTRATEGY_CC_ENGINE_LOGGING_H_
+#endif  // MPISTRATEGY_CC_COMMON_LOGGING_H_

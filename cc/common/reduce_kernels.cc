@@ -1,10 +1,10 @@
-#include "cc/engine/reduce_kernels.h"
+#include "cc/common/reduce_kernels.h"
 
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
 
-#include "cc/engine/float16.h"
+#include "cc/common/float16.h"
 
 namespace mpistrategy {
 

@@ -6,12 +6,12 @@
 // (round to nearest even) element by element.  bool: kSum/kMax are logical
 // OR, kMin/kProduct logical AND.  kMean combines like kSum.
 
-#ifndef MPISTRATEGY_CC_ENGINE_REDUCE_KERNELS_H_
-#define MPISTRATEGY_CC_ENGINE_REDUCE_KERNELS_H_
+#ifndef MPISTRATEGY_CC_COMMON_REDUCE_KERNELS_H_
+#define MPISTRATEGY_CC_COMMON_REDUCE_KERNELS_H_
 
 #include <cstdint>
 
-#include "cc/engine/common.h"
+#include "cc/common/common.h"
 
 namespace mpistrategy {
 
@@ -26,4 +26,4 @@ Status DivideInPlace(DataType dtype, void* data, int64_t count,
 
 }  // namespace mpistrategy
 
-#endif  // MPISTRATEGY_CC_ENGINE_REDUCE_KERNELS_H_
+#endif  // MPISTRATEGY_CC_COMMON_REDUCE_KERNELS_H_

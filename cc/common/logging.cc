@@ -1,4 +1,4 @@
-#include "cc/engine/logging.h"
+#include "cc/common/logging.h"
 
 #include <cstdio>
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "cc/engine/engine.h"
-#include "cc/engine/float16.h"
+#include "cc/common/float16.h"
 #include "cc/transport/mpi_transport.h"
 
 namespace mpistrategy {

@@ -3,8 +3,8 @@
 // Nothing here depends on TensorFlow or MPI: the engine is framework-free,
 // the TF kernels (cc/kernels) translate to and from these types.
 
-#ifndef MPISTRATEGY_CC_ENGINE_COMMON_H_
-#define MPISTRATEGY_CC_ENGINE_COMMON_H_
+#ifndef MPISTRATEGY_CC_COMMON_COMMON_H_
+#define MPISTRATEGY_CC_COMMON_COMMON_H_
 
 #include <cstdint>
 #include <string>
@@ -180,4 +180,4 @@ PackedLayout PackedGroupLayout(const std::vector<DataType>& dtypes,
 
 }  // namespace mpistrategy
 
-#endif  // MPISTRATEGY_CC_ENGINE_COMMON_H_
+#endif  // MPISTRATEGY_CC_COMMON_COMMON_H_

@@ -1,4 +1,4 @@
-#include "cc/engine/common.h"
+#include "cc/common/common.h"
 
 #include <unistd.h>
 

@@ -2,10 +2,9 @@
 #include <limits>
 #include <vector>
 
-#include "cc/engine/common.h"
-#include "cc/engine/config.h"
-#include "cc/engine/float16.h"
-#include "cc/engine/reduce_kernels.h"
+#include "cc/common/common.h"
+#include "cc/common/float16.h"
+#include "cc/common/reduce_kernels.h"
 #include <gtest/gtest.h>
 
 namespace mpistrategy {
@@ -26,16 +25,6 @@ TEST(Common, NamesAndSizes) {
   EXPECT_EQ(Status::Ok().ToString(), "OK");
   EXPECT_EQ(FormatSeconds(61.4), "61");
   EXPECT_EQ(FormatSeconds(0.5), "0.5");
-}
-
-TEST(Common, ConfigValidation) {
-  EXPECT_TRUE(EngineConfig().Validate().ok());
-  EngineConfig c;
-  c.cycle_time_ms = -1;
-  Status s = c.Validate();
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.message(),
-            "EngineConfig.cycle_time_ms must be a finite number > 0, got -1");
 }
 
 TEST(Common, PackedGroupLayoutOfOneDtypeIsOneAlignedSegment) {

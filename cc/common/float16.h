@@ -3,8 +3,8 @@
 // Used by the host reduction kernels (reduce_kernels.h), the MPI transport's
 // user-defined MPI_Ops and the tests.  Header-only, no dependencies.
 
-#ifndef MPISTRATEGY_CC_ENGINE_FLOAT16_H_
-#define MPISTRATEGY_CC_ENGINE_FLOAT16_H_
+#ifndef MPISTRATEGY_CC_COMMON_FLOAT16_H_
+#define MPISTRATEGY_CC_COMMON_FLOAT16_H_
 
 #include <cstdint>
 #include <cstring>
@@ -81,4 +81,4 @@ inline float BFloat16ToFloat(uint16_t b) {
 
 }  // namespace mpistrategy
 
-#endif  // MPISTRATEGY_CC_ENGINE_FLOAT16_H_
+#endif  // MPISTRATEGY_CC_COMMON_FLOAT16_H_

@@ -1,0 +1,51 @@
+// The data plane on host memory: a Transport's collectives (MPI, or the
+// in-process fake world), with kMean as a sum divided on the host.
+
+#ifndef MPISTRATEGY_CC_TRANSPORT_HOST_PLANE_H_
+#define MPISTRATEGY_CC_TRANSPORT_HOST_PLANE_H_
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "cc/transport/data_plane.h"
+#include "cc/transport/transport.h"
+
+namespace mpistrategy {
+
+class HostPlane : public DataPlane {
+ public:
+  // `transport`: not owned; outlives the plane.
+  explicit HostPlane(Transport* transport) : transport_(transport) {}
+  // Owns `transport` (e.g. an MPI sub-communicator).
+  explicit HostPlane(std::unique_ptr<Transport> transport)
+      : owned_(std::move(transport)), transport_(owned_.get()) {}
+
+  int rank() const override { return transport_->rank(); }
+  int size() const override { return transport_->size(); }
+  const char* name() const override { return "host"; }
+
+  // Every method needs a host-synchronous stream (Internal error otherwise).
+  Status Allreduce(const void* in, void* out, int64_t count, DataType dtype,
+                   ReduceOp op, Stream* stream) override;
+  Status Allgatherv(const void* in, void* out,
+                    const std::vector<int64_t>& bytes_per_rank,
+                    Stream* stream) override;
+  Status Broadcast(void* buffer, int64_t bytes, int root_rank,
+                   Stream* stream) override;
+  Status Reducescatter(const void* in, void* out,
+                       const std::vector<int64_t>& counts, DataType dtype,
+                       ReduceOp op, Stream* stream) override;
+  Status Alltoallv(const void* in, const std::vector<int64_t>& send_bytes,
+                   void* out, const std::vector<int64_t>& recv_bytes,
+                   Stream* stream) override;
+
+ private:
+  std::unique_ptr<Transport> owned_;
+  Transport* const transport_;
+};
+
+}  // namespace mpistrategy
+
+#endif  // MPISTRATEGY_CC_TRANSPORT_HOST_PLANE_H_
