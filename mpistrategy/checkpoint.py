@@ -796,9 +796,9 @@ def _local_reads():
 
 
 def _patch_keras_callbacks():
-  from keras.src.callbacks import backup_and_restore  # pylint: disable=g-import-not-at-top
-  from keras.src.callbacks import model_checkpoint  # pylint: disable=g-import-not-at-top
-  from keras.src.utils import file_utils  # pylint: disable=g-import-not-at-top
+  backup_and_restore = _tfp.keras_backup_and_restore
+  model_checkpoint = _tfp.keras_model_checkpoint
+  file_utils = _tfp.keras_file_utils
 
   bar = backup_and_restore.BackupAndRestore
   orig_begin, orig_save, orig_end = (bar.on_train_begin, bar._save_model,  # pylint: disable=protected-access
@@ -878,7 +878,7 @@ def _in_mpi_strategy(model):
 
 
 def _patch_keras_model_saving():
-  from keras.src.models import model as model_lib  # pylint: disable=g-import-not-at-top
+  model_lib = _tfp.keras_model
   cls = model_lib.Model
   orig_save, orig_save_weights = cls.save, cls.save_weights
 
@@ -928,7 +928,7 @@ def _patch_keras_model_saving():
 
   # The function forms, under each public name they have.
   import keras  # pylint: disable=g-import-not-at-top
-  from keras.src.saving import saving_api  # pylint: disable=g-import-not-at-top
+  saving_api = _tfp.keras_saving_api
   orig_save_model = saving_api.save_model
 
   def save_model(model, filepath, *args, **kwargs):

@@ -77,6 +77,8 @@ multi-process `MPIStrategy`, so single-process code is unaffected.
 
 import tensorflow as tf
 
+from mpistrategy import _tf_private as _tfp
+
 _INSTALLED = set()
 
 
@@ -90,8 +92,7 @@ def _active_mpi_world():
 
 
 def _patch_loss_scale_optimizer():
-  from keras.src.optimizers import loss_scale_optimizer  # pylint: disable=g-import-not-at-top
-  cls = loss_scale_optimizer.LossScaleOptimizer
+  cls = _tfp.keras_loss_scale_optimizer.LossScaleOptimizer
   original = cls.check_finite
   if getattr(original, "_mpistrategy_patched", False):
     return
@@ -114,8 +115,7 @@ def _patch_loss_scale_optimizer():
 def _patch_progbar(rank):
   if rank == 0:
     return
-  from keras.src.callbacks import progbar_logger  # pylint: disable=g-import-not-at-top
-  cls = progbar_logger.ProgbarLogger
+  cls = _tfp.keras_progbar_logger.ProgbarLogger
   original = cls.set_params
   if getattr(original, "_mpistrategy_patched", False):
     return
@@ -130,8 +130,7 @@ def _patch_progbar(rank):
 
 
 def _patch_batch_normalization():
-  from keras.src.layers.normalization import batch_normalization  # pylint: disable=g-import-not-at-top
-  cls = batch_normalization.BatchNormalization
+  cls = _tfp.keras_batch_normalization.BatchNormalization
   original = cls.call
   if getattr(original, "_mpistrategy_patched", False):
     return
@@ -184,8 +183,7 @@ def _average_over_ranks(layer, inputs):
 
 
 def _patch_symbolic_build():
-  from keras.src.backend.tensorflow import trainer as tf_trainer  # pylint: disable=g-import-not-at-top
-  cls = tf_trainer.TensorFlowTrainer
+  cls = _tfp.keras_trainer.TensorFlowTrainer
   original = cls._maybe_symbolic_build  # pylint: disable=protected-access
   if getattr(original, "_mpistrategy_patched", False):
     return
@@ -226,11 +224,9 @@ def _world_size():
 
 
 def _patch_epoch_iterator():
-  from keras.src.backend.tensorflow import trainer as tf_trainer  # pylint: disable=g-import-not-at-top
-  from keras.src.trainers.data_adapters import tf_dataset_adapter  # pylint: disable=g-import-not-at-top
-  adapter_cls = tf_dataset_adapter.TFDatasetAdapter
+  adapter_cls = _tfp.keras_tf_dataset_adapter.TFDatasetAdapter
   original_num_batches = adapter_cls.num_batches
-  iterator_cls = tf_trainer.TFEpochIterator
+  iterator_cls = _tfp.keras_trainer.TFEpochIterator
   original_init = iterator_cls.__init__
   if getattr(original_init, "_mpistrategy_patched", False):
     return
@@ -258,16 +254,17 @@ def _patch_epoch_iterator():
   iterator_cls.__init__ = __init__
 
 
-# (module, class, label, methods) of the Keras/TF calls that communicate.
+# (module in _tf_private, class, label, methods) of the Keras/TF calls that
+# communicate.
 _ENTRY_POINTS = (
-    ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer", "Model",
+    ("keras_trainer", "TensorFlowTrainer", "Model",
      ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch",
       "predict_on_batch")),
-    ("keras.src.models.model", "Model", "Model",
+    ("keras_model", "Model", "Model",
      ("save", "save_weights", "load_weights", "export")),
-    ("tensorflow.python.checkpoint.checkpoint", "Checkpoint", "Checkpoint",
+    ("tf_checkpoint", "Checkpoint", "Checkpoint",
      ("save", "write", "restore", "read")),
-    ("tensorflow.python.checkpoint.checkpoint_management", "CheckpointManager",
+    ("checkpoint_management", "CheckpointManager",
      "CheckpointManager", ("save", "restore_or_initialize")),
 )
 
@@ -281,10 +278,9 @@ def _rule_note(entry, rank):
 
 
 def _patch_entry_points(rank):
-  import importlib  # pylint: disable=g-import-not-at-top
   from mpistrategy.ops import mpi_ops  # pylint: disable=g-import-not-at-top
   for module_name, class_name, label, methods in _ENTRY_POINTS:
-    cls = getattr(importlib.import_module(module_name), class_name)
+    cls = getattr(getattr(_tfp, module_name), class_name)
     for method in methods:
       original = cls.__dict__.get(method)
       if original is None or getattr(original, "_mpistrategy_entry", False):

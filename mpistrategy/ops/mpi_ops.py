@@ -49,9 +49,8 @@ import time
 import traceback
 
 import tensorflow as tf
-# TODO(lead): move this private import to mpistrategy/_tf_private.py.
-from tensorflow.python.framework import auto_control_deps as _acd  # pylint: disable=g-direct-tensorflow-import
 
+from mpistrategy import _tf_private as _tfp
 from mpistrategy import _tf_threads
 from mpistrategy import compression as compression_lib
 from mpistrategy import _output
@@ -125,8 +124,9 @@ _ORDER_INSENSITIVE_OPS = frozenset((
     "MpiStrategyReducescatter",
     "MpiStrategyAlltoall",
 ))
-_acd.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS = (
-    _acd.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS | _ORDER_INSENSITIVE_OPS)
+_tfp.auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS = (
+    _tfp.auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS |
+    _ORDER_INSENSITIVE_OPS)
 
 
 # ---------------------------------------------------------------------------
