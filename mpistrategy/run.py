@@ -843,7 +843,7 @@ def check(environ):
   library = None
   if tf is not None:
     try:
-      from mpistrategy.ops import _library  # pylint: disable=g-import-not-at-top
+      from mpistrategy import _library  # pylint: disable=g-import-not-at-top
       library = _library.load()
       lines.append(f"{_mark(True)} op library loads: {library.path}")
     except ImportError as e:

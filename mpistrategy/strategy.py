@@ -22,6 +22,8 @@ import tensorflow as tf
 from mpistrategy import _tf_private as _tfp
 from mpistrategy import compression as compression_lib
 from mpistrategy import gpu
+from mpistrategy import options as options_lib
+from mpistrategy import runtime
 from mpistrategy.cross_device_ops import mpi_all_reduce
 from mpistrategy.cross_device_ops import nccl_all_reduce
 
@@ -46,11 +48,6 @@ def _broadcast_initial_value(value):
   return value
 
 
-def _runtime():
-  import mpistrategy  # pylint: disable=g-import-not-at-top
-  return mpistrategy
-
-
 def _ops():
   from mpistrategy import ops  # pylint: disable=g-import-not-at-top
   return ops
@@ -69,7 +66,6 @@ def _init_engine(communication_options):
   Raises:
     ValueError: if the engine already runs with different settings.
   """
-  rt = _runtime()
   overrides = {}
   if communication_options.bytes_per_pack:
     overrides["fusion_threshold_bytes"] = int(
@@ -77,18 +73,12 @@ def _init_engine(communication_options):
   if communication_options.timeout_seconds:
     overrides["stall_timeout_seconds"] = float(
         communication_options.timeout_seconds)
-  # Never restart an engine that stopped (see mpi_ops._init).
-  start = lambda opts=None: rt.ops.mpi_ops._init(opts, restart_stopped=False)  # pylint: disable=protected-access
+  # Never restarts an engine that stopped (see runtime.ensure_started).
   if not overrides:
-    start()
+    runtime.ensure_started()
     return
-  options_cls = getattr(rt, "Options", None)
-  if options_cls is None:
-    raise ValueError(
-        "CommunicationOptions(bytes_per_pack/timeout_seconds) need "
-        "mpistrategy.Options, which this build does not provide.")
-  if rt.is_initialized():
-    current = getattr(rt, "current_options", lambda: None)()
+  if runtime.is_initialized():
+    current = runtime.current_options()
     if current is None or any(
         getattr(current, k, None) != v for k, v in overrides.items()):
       raise ValueError(
@@ -99,13 +89,7 @@ def _init_engine(communication_options):
           "mpistrategy.init(mpistrategy.Options(...)) / MPISTRATEGY_* "
           "environment variables.")
     return
-  base = options_cls()
-  try:
-    import dataclasses  # pylint: disable=g-import-not-at-top
-    opts = dataclasses.replace(base, **overrides)
-  except TypeError:
-    opts = options_cls(**overrides)
-  start(opts)
+  runtime.ensure_started(options_lib.Options(**overrides))
 
 
 def _local_device():
@@ -116,7 +100,7 @@ def _local_device():
   gpu.pin_to_local_gpu()
   gpus = tf.config.list_logical_devices("GPU")
   if gpus:
-    index = _runtime().local_rank() % len(gpus)
+    index = runtime.local_rank() % len(gpus)
     return "/device:GPU:%d" % index, "GPU"
   return "/device:CPU:0", "CPU"
 
@@ -134,8 +118,7 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
                communication_options, compression=None):
     _tfp.distribute_lib.StrategyExtendedV1.__init__(self, container_strategy)
     _init_engine(communication_options)
-    rt = _runtime()
-    rank, size = rt.rank(), rt.size()
+    rank, size = runtime.rank(), runtime.size()
     device, device_type = _local_device()
 
     self._communication_options = communication_options

@@ -1,4 +1,4 @@
-"""Collective ops over MPI and process control (`init`, `rank`, ...).
+"""Collective ops over MPI: `allreduce`, `allgather`, ... and their names.
 
 One Python function per op in cc/ops/mpi_ops.cc; each validates its
 arguments, picks the name that pairs the collective across ranks and calls
@@ -35,35 +35,24 @@ path>/allreduce_1`, so a stall warning or timeout says which Keras call the
 waiting ranks are in, and collectives of different Keras calls never pair.
 
 Every function initializes mpistrategy on first use (`init()` with
-`Options.from_env()`) unless `init` was called before.
+`Options.from_env()`) unless `init` was called before; see
+`mpistrategy.runtime`.
 """
 
-import atexit
-import ctypes
 import enum
 import operator
 import re
-import sys
 import threading
-import time
-import traceback
 
 import tensorflow as tf
 
-from mpistrategy import _tf_private as _tfp
-from mpistrategy import _tf_threads
 from mpistrategy import compression as compression_lib
-from mpistrategy import _output
-from mpistrategy.ops import _library
-from mpistrategy.options import Options
+from mpistrategy import runtime
 
 __all__ = [
     "ReduceOp", "Sum", "Average", "Mean", "Min", "Max", "Product",
     "allreduce", "grouped_allreduce", "allgather", "broadcast",
     "reducescatter", "alltoall", "barrier",
-    "init", "shutdown", "is_initialized", "current_options", "rank", "size",
-    "local_rank", "local_size", "mpi_threads_supported", "built_with_cuda",
-    "built_with_nccl", "tuned_parameters",
 ]
 
 
@@ -89,311 +78,6 @@ _FLOAT_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 _DIVIDE_FIRST_DTYPES = (tf.float16, tf.bfloat16)
 _ALL_DTYPES = _FLOAT_DTYPES + (tf.int32, tf.int64, tf.uint8, tf.int8, tf.bool)
 _NUMERIC_DTYPES = _FLOAT_DTYPES + (tf.int32, tf.int64, tf.uint8, tf.int8)
-
-# StatusCode (cc/engine/common.h) returned by mpistrategy_init: invalid
-# arguments become ValueError, the rest the tf.errors class of that code.
-_INVALID_ARGUMENT = 3
-# After a peer timeout, the engine calls MPI_Abort itself about a second
-# later (cc/kernels/c_api.cc); the excepthook waits longer than that.
-_PEER_TIMEOUT_EXIT_WAIT_SECONDS = 5.0
-_ERRORS_BY_CODE = {
-    2: tf.errors.UnknownError,
-    4: tf.errors.DeadlineExceededError,
-    9: tf.errors.FailedPreconditionError,
-    10: tf.errors.AbortedError,
-    12: tf.errors.UnimplementedError,
-    13: tf.errors.InternalError,
-    14: tf.errors.UnavailableError,
-}
-
-# Inside a tf.function, automatic control dependencies chain every stateful op
-# without resource inputs in program order.  For these collectives that
-# chaining is harmful: the engine pairs them by name, so they need no order,
-# and chaining would (a) serialize them, one negotiation round-trip each, so
-# nothing is ever fused, and (b) deadlock programs that issue the same
-# collectives in different orders on different ranks (each rank would wait
-# for its own first op).  Registering them as "must run, order insensitive"
-# keeps them from being pruned while letting the executor run them all at
-# once.  The barrier is not listed: it keeps program order with other
-# stateful ops, which is what a barrier is for.
-_ORDER_INSENSITIVE_OPS = frozenset((
-    "MpiStrategyAllreduce",
-    "MpiStrategyGroupedAllreduce",
-    "MpiStrategyAllgather",
-    "MpiStrategyBroadcast",
-    "MpiStrategyReducescatter",
-    "MpiStrategyAlltoall",
-))
-_tfp.auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS = (
-    _tfp.auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS |
-    _ORDER_INSENSITIVE_OPS)
-
-
-# ---------------------------------------------------------------------------
-# Process control
-
-
-class _State:
-  """This process's view of the engine; guarded by `lock`."""
-
-  def __init__(self):
-    self.lock = threading.RLock()
-    self.options = None          # the Options the engine runs with
-    self.atexit_registered = False
-    self.previous_excepthook = None
-
-
-_state = _State()
-
-
-def _lib():
-  return _library.load()
-
-
-def init(options=None):
-  """Starts mpistrategy: MPI (unless already initialized) and the engine.
-
-  Idempotent: calling it again with the same resolved options does nothing,
-  unless the engine stopped on an error (another rank shut down or raised,
-  a stall timed out): then it starts a new one, which, like the first
-  `init()`, every rank must call.
-  The `MPISTRATEGY_<FIELD>` environment variables override `options` (see
-  `mpistrategy.Options.from_env`).  When several ranks share a host and the
-  launcher did not bind them to CPUs, TensorFlow's thread pools are sized to
-  this rank's share of the host's CPUs unless chosen already (see
-  `mpistrategy._tf_threads`).  MPI is initialized with
-  `MPI_THREAD_MULTIPLE` unless it already is (e.g. by mpi4py, which then
-  keeps owning it); an MPI initialized here is finalized at process exit.
-
-  Args:
-    options: An `mpistrategy.Options`, or None for the defaults.
-
-  Raises:
-    TypeError: `options` is not an `mpistrategy.Options`.
-    ValueError: An option is invalid, or mpistrategy already runs with
-      different options (call `shutdown()` first).
-    tf.errors.OpError: MPI or the engine failed to start (e.g.
-      `tf.errors.FailedPreconditionError` when MPI was finalized already).
-  """
-  _init(options, restart_stopped=True)
-
-
-def _init(options, restart_stopped):
-  """`init`; with `restart_stopped=False` a running engine is kept as it is.
-
-  The library's own calls (the strategy, its cross-device ops) use False:
-  their engine may have stopped because another rank failed to start, and
-  a new start would wait for that rank forever; and an engine the user
-  started with `init(options)` must not be compared with the defaults.
-  """
-  if options is not None and not isinstance(options, Options):
-    raise TypeError("init: options must be an mpistrategy.Options or None, "
-                    f"got {type(options).__name__}")
-  resolved = Options.from_env(base=options)
-  with _state.lock:
-    lib = _lib()
-    # In a fork child the C call below fails with the reason (the engine's
-    # thread and MPI do not survive fork).
-    forked = bool(lib.c.mpistrategy_is_forked_child())
-    stopped = bool(lib.c.mpistrategy_engine_stopped())
-    if not restart_stopped and _state.options is not None and not forked:
-      # The library's own calls only make sure an engine runs: they keep a
-      # stopped one, and one the user started with their own options.
-      if stopped or (options is None and lib.c.mpistrategy_is_initialized()):
-        return
-    # An engine that stopped on an error (a rank shut down or raised, a
-    # stall timed out) is replaced below, like a first init.
-    if (_state.options is not None and lib.c.mpistrategy_is_initialized() and
-        not stopped and not forked):
-      if resolved == _state.options:
-        return
-      diff = ", ".join(
-          f"{name} (running: {getattr(_state.options, name)!r}, requested: "
-          f"{getattr(resolved, name)!r})"
-          for name in resolved.__dataclass_fields__
-          if getattr(resolved, name) != getattr(_state.options, name))
-      raise ValueError(
-          "mpistrategy is already initialized with different options: "
-          f"{diff}; call mpistrategy.shutdown() first")
-    error_buf = ctypes.create_string_buffer(4096)
-    code = lib.c.mpistrategy_init(
-        resolved.fusion_threshold_bytes, resolved.cycle_time_ms,
-        resolved.fusion_wait_ms, int(resolved.autotune),
-        resolved.autotune_log.encode(), resolved.cache_capacity, resolved.stall_warning_seconds,
-        resolved.stall_timeout_seconds, resolved.peer_timeout_seconds,
-        resolved.timeline.encode(),
-        int(resolved.hierarchical_allreduce), error_buf, len(error_buf))
-    if code != 0:
-      message = error_buf.value.decode(errors="replace")
-      if code == _INVALID_ARGUMENT:
-        raise ValueError(f"mpistrategy.init: {message}")
-      error_class = _ERRORS_BY_CODE.get(code, tf.errors.UnknownError)
-      raise error_class(None, None, f"mpistrategy.init failed: {message}")
-    _state.options = resolved
-    if resolved.verbose:
-      _output.undo_quiet()
-    _tf_threads.share_cpus(lib.c.mpistrategy_local_size())
-    if not _state.atexit_registered:
-      # Registered after mpi4py's own exit handler (if mpi4py was imported
-      # first), so it runs before MPI is finalized.
-      atexit.register(_shutdown_at_exit)
-      _state.atexit_registered = True
-    if resolved.abort_on_exception and lib.c.mpistrategy_size() > 1:
-      _install_excepthook()
-
-
-def shutdown():
-  """Stops the engine; `init()` may be called again afterwards.
-
-  Collectives still pending fail with `tf.errors.AbortedError` on every rank.
-  MPI itself stays initialized until the process exits.  A no-op when not
-  initialized.
-  """
-  with _state.lock:
-    if _library._loaded is None:  # pylint: disable=protected-access
-      return
-    _lib().c.mpistrategy_shutdown()
-    _state.options = None
-    _uninstall_excepthook()
-
-
-def _shutdown_at_exit():
-  try:
-    shutdown()
-  except Exception:  # pylint: disable=broad-except
-    pass  # interpreter teardown: nothing sensible left to report to
-
-
-def is_initialized():
-  """Returns True between `init()` and `shutdown()`.
-
-  Also True after the engine stopped on an error (its collectives then fail
-  with that error until `init()` starts a new engine); see `init`.
-  """
-  if _library._loaded is None:  # pylint: disable=protected-access
-    return False
-  return bool(_lib().c.mpistrategy_is_initialized())
-
-
-def current_options():
-  """Returns the `mpistrategy.Options` the engine runs with, or None."""
-  with _state.lock:
-    return _state.options if is_initialized() else None
-
-
-def _ensure_initialized():
-  if not is_initialized():
-    _init(None, restart_stopped=False)
-  return _lib()
-
-
-def rank():
-  """Returns this process's rank in the MPI world (initializing if needed)."""
-  return _ensure_initialized().c.mpistrategy_rank()
-
-
-def size():
-  """Returns the number of processes in the MPI world."""
-  return _ensure_initialized().c.mpistrategy_size()
-
-
-def local_rank():
-  """Returns this process's rank among the processes on its host."""
-  return _ensure_initialized().c.mpistrategy_local_rank()
-
-
-def local_size():
-  """Returns the number of processes on this process's host."""
-  return _ensure_initialized().c.mpistrategy_local_size()
-
-
-def mpi_threads_supported():
-  """Returns True when MPI runs with `MPI_THREAD_MULTIPLE`."""
-  return bool(_ensure_initialized().c.mpistrategy_mpi_threads_supported())
-
-
-def tuned_parameters():
-  """Returns the fusion parameters in force on this rank.
-
-  Every rank plans fusion with rank 0's parameters (published in the first
-  negotiation).  With `Options.autotune`, they are the autotuner's latest
-  choice: they change while it measures candidates and stop changing once
-  `final` is True.  Without autotune they are the configured ones, final.
-
-  Returns:
-    A dict with keys "fusion_threshold_bytes" (int), "fusion_wait_ms"
-    (float) and "final" (bool).
-
-  Raises:
-    ValueError: mpistrategy is not initialized.
-  """
-  threshold = ctypes.c_int64()
-  wait_ms = ctypes.c_double()
-  final = ctypes.c_int()
-  # The C call also answers "not initialized" (-1), e.g. after a shutdown
-  # on another thread; is_initialized() first avoids loading the library.
-  if not is_initialized() or _lib().c.mpistrategy_tuned_parameters(
-      ctypes.byref(threshold), ctypes.byref(wait_ms), ctypes.byref(final)):
-    raise ValueError("mpistrategy.ops.tuned_parameters: mpistrategy is not "
-                     "initialized; call mpistrategy.init() first")
-  return {"fusion_threshold_bytes": threshold.value,
-          "fusion_wait_ms": wait_ms.value, "final": bool(final.value)}
-
-
-def built_with_cuda():
-  """Returns True when the op library has the GPU kernels."""
-  return bool(_lib().c.mpistrategy_built_with_cuda())
-
-
-def built_with_nccl():
-  """Returns True when the op library can use NCCL for GPU tensors."""
-  return bool(_lib().c.mpistrategy_built_with_nccl())
-
-
-def _describe_rank(lib, which):
-  """"rank N (host H, pid P)", as the engine's messages name ranks."""
-  buf = ctypes.create_string_buffer(512)
-  if lib.c.mpistrategy_describe_rank(which, buf, len(buf)) != 0:
-    return f"rank {which}"
-  return buf.value.decode(errors="replace")
-
-
-def _install_excepthook():
-  """Makes an uncaught exception end every rank instead of hanging them."""
-  if _state.previous_excepthook is not None:
-    return
-  _state.previous_excepthook = sys.excepthook
-  sys.excepthook = _abort_on_exception
-
-
-def _uninstall_excepthook():
-  if _state.previous_excepthook is None:
-    return
-  if sys.excepthook is _abort_on_exception:
-    sys.excepthook = _state.previous_excepthook
-  _state.previous_excepthook = None
-
-
-def _abort_on_exception(exc_type, exc, tb):
-  """sys.excepthook: print with the rank, tell the other ranks, MPI_Abort."""
-  lib = _library._loaded  # pylint: disable=protected-access
-  my_rank = lib.c.mpistrategy_rank() if lib is not None else -1
-  text = "".join(traceback.format_exception(exc_type, exc, tb))
-  sys.stderr.write("".join(f"[rank {my_rank}] {line}\n"
-                           for line in text.rstrip("\n").split("\n")))
-  sys.stderr.flush()
-  if lib is None:
-    return
-  if (isinstance(exc, tf.errors.UnavailableError) and
-      "peer_timeout_seconds" in str(exc)):
-    # A peer timeout: the engine itself ends the job a moment later, after
-    # the other ranks had time to print their own message; an immediate
-    # MPI_Abort here would kill them before they do.
-    time.sleep(_PEER_TIMEOUT_EXIT_WAIT_SECONDS)
-  reason = f"{_describe_rank(lib, my_rank)} raised {exc_type.__name__}: {exc}"
-  lib.c.mpistrategy_abort(reason.encode(errors="replace"), 2.0)
-  lib.c.mpistrategy_mpi_abort(1)
-
 
 # ---------------------------------------------------------------------------
 # Argument checking and names
@@ -601,7 +285,7 @@ def allreduce(tensor, op=Sum, name=None, compression=None):
   _check_op_dtype(op, tensor, fn)
   _check_name(name, fn)
   compressor = compression_lib.get(compression, fn)
-  lib = _ensure_initialized()
+  lib = runtime.started_library()
   tensor_name = _tensor_name(name, "allreduce")
   if not compressor.compresses(tensor.dtype):
     [tensor], op = _divide_first_if_16_bit([tensor], op, lib)
@@ -657,7 +341,7 @@ def grouped_allreduce(tensors, op=Sum, name=None, compression=None):
   compressor = compression_lib.get(compression, fn)
   if not converted:
     return []
-  lib = _ensure_initialized()
+  lib = runtime.started_library()
   tensor_name = _tensor_name(name, "grouped_allreduce")
   if not any(compressor.compresses(t.dtype) for t in converted):
     converted, op = _divide_first_if_16_bit(converted, op, lib)
@@ -716,7 +400,7 @@ def _grouped_allreduce_unpacked(tensors, name):
   Returns:
     A list of `tf.Tensor`, one per input.
   """
-  return list(_ensure_initialized().ops.mpi_strategy_grouped_allreduce(
+  return list(runtime.started_library().ops.mpi_strategy_grouped_allreduce(
       tensors, reduce_op=ReduceOp.SUM.value, tensor_name=name, pack=False))
 
 
@@ -743,7 +427,7 @@ def allgather(tensor, name=None):
   if tensor.shape.rank == 0:
     raise ValueError(f"{fn}: `tensor` must have rank >= 1, got a scalar")
   _check_name(name, fn)
-  lib = _ensure_initialized()
+  lib = runtime.started_library()
   return lib.ops.mpi_strategy_allgather(
       tensor, tensor_name=_tensor_name(name, "allgather"))
 
@@ -774,7 +458,7 @@ def broadcast(tensor, root_rank=0, name=None):
   except TypeError:
     raise TypeError(f"{fn}: `root_rank` must be an int, got "
                     f"{type(root_rank).__name__} {root_rank!r}") from None
-  lib = _ensure_initialized()
+  lib = runtime.started_library()
   world = lib.c.mpistrategy_size()
   if not 0 <= root_rank < world:
     raise ValueError(f"{fn}: `root_rank` must be in [0, {world}), got "
@@ -811,7 +495,7 @@ def reducescatter(tensor, op=Sum, name=None):
   op = _reduce_op(op, fn)
   _check_op_dtype(op, tensor, fn)
   _check_name(name, fn)
-  lib = _ensure_initialized()
+  lib = runtime.started_library()
   [tensor], op = _divide_first_if_16_bit([tensor], op, lib)
   return lib.ops.mpi_strategy_reducescatter(
       tensor, reduce_op=op.value,
@@ -857,7 +541,7 @@ def alltoall(tensor, splits=None, name=None):
       raise ValueError(f"{fn}: `splits` must be 1-D, got shape "
                        f"{splits.shape}")
   _check_name(name, fn)
-  lib = _ensure_initialized()
+  lib = runtime.started_library()
   world = lib.c.mpistrategy_size()
   if explicit_splits and splits.shape.rank == 1 and splits.shape[0] not in (
       None, world):
@@ -882,7 +566,7 @@ def barrier(name=None):
   """
   fn = "mpistrategy.ops.barrier"
   _check_name(name, fn)
-  lib = _ensure_initialized()
+  lib = runtime.started_library()
   op = lib.ops.mpi_strategy_barrier(tensor_name=_tensor_name(name, "barrier"))
   return None if tf.executing_eagerly() else op
 
@@ -957,7 +641,7 @@ def _allgather_gradient(op, grad):
   total = allreduce(_dense(grad), op=Sum)
   rows = tf.shape(x, out_type=tf.int64)[:1]
   sizes = allgather(rows)
-  my_rank = rank()
+  my_rank = runtime.rank()
   offset = tf.reduce_sum(sizes[:my_rank])
   return total[offset:offset + rows[0]]
 
@@ -965,7 +649,7 @@ def _allgather_gradient(op, grad):
 @tf.RegisterGradient("MpiStrategyBroadcast")
 def _broadcast_gradient(op, grad):
   total = allreduce(_dense(grad), op=Sum)
-  if rank() == op.get_attr("root_rank"):
+  if runtime.rank() == op.get_attr("root_rank"):
     return total
   return tf.zeros_like(total)
 
@@ -977,7 +661,7 @@ def _reducescatter_gradient(op, grad):
     return None
   gathered = allgather(_dense(grad))
   if reduce_op == ReduceOp.MEAN:
-    gathered = gathered / tf.cast(size(), gathered.dtype)
+    gathered = gathered / tf.cast(runtime.size(), gathered.dtype)
   return gathered
 
 

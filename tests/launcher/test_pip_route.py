@@ -28,7 +28,7 @@ _SCRIPT = """
 import tensorflow as tf
 import mpistrategy
 from mpistrategy import ops
-from mpistrategy.ops import _library
+from mpistrategy import _library
 
 rank = mpistrategy.rank()
 total = ops.allreduce(tf.fill([3], float(rank + 1)), name="pip-route")

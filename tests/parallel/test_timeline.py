@@ -252,9 +252,9 @@ def test_a_rank_that_cannot_create_the_file_fails_every_rank(shared_dir):
       # Once the engine has stopped, what MPIStrategy() does next must not
       # start a new one (that would wait for rank 0 forever).
       from mpistrategy.cross_device_ops import MPIAllReduce  # pylint: disable=g-import-not-at-top
-      from mpistrategy.ops import mpi_ops  # pylint: disable=g-import-not-at-top
+      from mpistrategy import _library  # pylint: disable=g-import-not-at-top
       deadline = time.monotonic() + 30
-      while (not mpi_ops._lib().c.mpistrategy_engine_stopped() and  # pylint: disable=protected-access
+      while (not _library.load().c.mpistrategy_engine_stopped() and
              time.monotonic() < deadline):
         time.sleep(0.01)
       MPIAllReduce()

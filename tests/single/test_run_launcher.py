@@ -601,7 +601,7 @@ def test_check_reports_the_build():
 
 
 def test_check_fails_when_the_op_library_does_not_load(monkeypatch, capsys):
-  from mpistrategy.ops import _library  # pylint: disable=g-import-not-at-top
+  from mpistrategy import _library  # pylint: disable=g-import-not-at-top
 
   def not_built():
     raise ImportError("_mpi_ops.so was not found (test)")
