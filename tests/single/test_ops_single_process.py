@@ -346,7 +346,6 @@ def test_env_override_applies_at_init(monkeypatch):
 
 def _python(code, env=None, timeout=120):
   full_env = dict(os.environ)
-  full_env.pop("PYTHONPATH", None)
   full_env.update({"TF_CPP_MIN_LOG_LEVEL": "3"})
   for key in list(full_env):
     if key.startswith(("OMPI_", "PMIX_")):
@@ -429,7 +428,6 @@ def test_uncaught_exception_aborts_every_rank():
       time.sleep(60)
       """
   env = dict(os.environ)
-  env.pop("PYTHONPATH", None)
   env.update({"TF_CPP_MIN_LOG_LEVEL": "3",
               "OMPI_ALLOW_RUN_AS_ROOT": "1",
               "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
