@@ -241,7 +241,7 @@ def bench_ops(cases, args, device):
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
   import mpistrategy  # pylint: disable=import-outside-toplevel
   from mpistrategy import ops  # pylint: disable=import-outside-toplevel
-  from mpistrategy.ops import mpi_ops  # pylint: disable=import-outside-toplevel
+  from mpistrategy.ops import collectives  # pylint: disable=import-outside-toplevel
 
   rank, size = mpistrategy.rank(), mpistrategy.size()
   expected = size * (size + 1) / 2
@@ -339,7 +339,7 @@ def bench_ops(cases, args, device):
         # saves.
         @tf.function
         def unpacked(t):
-          return mpi_ops._grouped_allreduce_unpacked(  # pylint: disable=protected-access
+          return collectives._grouped_allreduce_unpacked(  # pylint: disable=protected-access
               tf.split(t, count), "bench/unpacked")
 
         barrier()

@@ -55,9 +55,9 @@ multi-process `MPIStrategy`, so single-process code is unaffected.
    `save_weights`, `load_weights`, `export`; `tf.train.Checkpoint.save`,
    `write`, `restore`, `read`; `tf.train.CheckpointManager.save`,
    `restore_or_initialize`) run inside
-   `mpistrategy.ops.mpi_ops.entry_point("Model.<method>")` (or
+   `mpistrategy.ops._naming.entry_point("Model.<method>")` (or
    "Checkpoint.<method>", ...), so the default names of their collectives
-   start with the call (see `mpi_ops`): a stall warning or timeout then
+   start with the call (see `_naming`): a stall warning or timeout then
    says `Model.evaluate/...` instead of an anonymous `eager/allreduce`.
    When such a call fails because other ranks did not join its collectives
    (a stall timeout, or a rank that shut down or raised), the error gets a
@@ -278,7 +278,7 @@ def _rule_note(entry, rank):
 
 
 def _patch_entry_points(rank):
-  from mpistrategy.ops import mpi_ops  # pylint: disable=g-import-not-at-top
+  from mpistrategy.ops import _naming  # pylint: disable=g-import-not-at-top
   for module_name, class_name, label, methods in _ENTRY_POINTS:
     cls = getattr(getattr(_tfp, module_name), class_name)
     for method in methods:
@@ -288,8 +288,8 @@ def _patch_entry_points(rank):
       entry = f"{label}.{method}"
 
       def wrapper(self, *args, __original=original, __entry=entry, **kwargs):
-        outermost = not mpi_ops.entry_points()
-        with mpi_ops.entry_point(__entry):
+        outermost = not _naming.entry_points()
+        with _naming.entry_point(__entry):
           try:
             return __original(self, *args, **kwargs)
           except (tf.errors.DeadlineExceededError,

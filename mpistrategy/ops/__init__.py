@@ -6,24 +6,27 @@ total = ops.allreduce(tf.constant([1.0, 2.0]), op=ops.Sum)
 rows = ops.allgather(tf.ones([mpistrategy.rank() + 1, 3]))
 ```
 
-The op library (`_mpi_ops.so`) is loaded on first use; see `mpi_ops` for
-the naming rules that pair collectives across ranks.
+The op library (`_mpi_ops.so`) is loaded on first use.  The collectives are
+in `collectives`, their gradients in `gradients` (registered by importing
+this package), the rules that pair them across ranks in `_naming`; process
+control (`init`, `rank`, ...) is re-exported from `mpistrategy.runtime`.
 """
 
-from mpistrategy.ops.mpi_ops import allgather
-from mpistrategy.ops.mpi_ops import allreduce
-from mpistrategy.ops.mpi_ops import alltoall
-from mpistrategy.ops.mpi_ops import Average
-from mpistrategy.ops.mpi_ops import barrier
-from mpistrategy.ops.mpi_ops import broadcast
-from mpistrategy.ops.mpi_ops import grouped_allreduce
-from mpistrategy.ops.mpi_ops import Max
-from mpistrategy.ops.mpi_ops import Mean
-from mpistrategy.ops.mpi_ops import Min
-from mpistrategy.ops.mpi_ops import Product
-from mpistrategy.ops.mpi_ops import reducescatter
-from mpistrategy.ops.mpi_ops import ReduceOp
-from mpistrategy.ops.mpi_ops import Sum
+from mpistrategy.ops.collectives import allgather
+from mpistrategy.ops.collectives import allreduce
+from mpistrategy.ops.collectives import alltoall
+from mpistrategy.ops.collectives import Average
+from mpistrategy.ops.collectives import barrier
+from mpistrategy.ops.collectives import broadcast
+from mpistrategy.ops.collectives import grouped_allreduce
+from mpistrategy.ops.collectives import Max
+from mpistrategy.ops.collectives import Mean
+from mpistrategy.ops.collectives import Min
+from mpistrategy.ops.collectives import Product
+from mpistrategy.ops.collectives import reducescatter
+from mpistrategy.ops.collectives import ReduceOp
+from mpistrategy.ops.collectives import Sum
+from mpistrategy.ops import gradients  # noqa: F401  (registers the gradients)
 from mpistrategy.runtime import built_with_cuda
 from mpistrategy.runtime import built_with_nccl
 from mpistrategy.runtime import current_options

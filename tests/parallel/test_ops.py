@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import mpistrategy
 from mpistrategy import ops
-from mpistrategy.ops import mpi_ops
+from mpistrategy.ops import collectives
 
 # From the launcher, so that collecting this module starts nothing; the
 # fixture below initializes mpistrategy and test_rank_and_size_match_mpirun
@@ -283,7 +283,7 @@ def test_grouped_allreduce_odd_sizes_and_mixed_dtypes(mode, pack):
     if pack:
       ys = ops.grouped_allreduce(list(t), name=f"grouped/odd/{mode}")
     else:
-      ys = mpi_ops._grouped_allreduce_unpacked(  # pylint: disable=protected-access
+      ys = collectives._grouped_allreduce_unpacked(  # pylint: disable=protected-access
           list(t), f"grouped/odd/{mode}/each")
     # The outputs feed ordinary kernels (which may assume alignment).
     return [y * tf.cast(2, y.dtype) for y in ys]

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 import mpistrategy
 from mpistrategy import ops
-from mpistrategy.ops import mpi_ops
+from mpistrategy.ops import collectives
 
 RANK = int(os.environ.get("OMPI_COMM_WORLD_RANK",
                           os.environ.get("PMI_RANK", "0")))
@@ -88,7 +88,7 @@ def _run_with_timeline(timeline, iterations):
       # pack=False: one engine entry per tensor, fused by the engine (what
       # the MEMCPY_*_FUSION_BUFFER spans show).  grouped_allreduce packs
       # the group itself: one row, no fusion-buffer copies.
-      fused = mpi_ops._grouped_allreduce_unpacked(xs, "tl/grouped")  # pylint: disable=protected-access
+      fused = collectives._grouped_allreduce_unpacked(xs, "tl/grouped")  # pylint: disable=protected-access
       # int32: no other allreduce here has that dtype, so the packed
       # buffer is never fused with another entry.
       packed = ops.grouped_allreduce([tf.cast(x, tf.int32) for x in xs],

@@ -1,38 +1,11 @@
-"""Collective ops over MPI: `allreduce`, `allgather`, ... and their names.
+"""Collective ops over MPI: `allreduce`, `allgather`, `broadcast`, ...
 
 One Python function per op in cc/ops/mpi_ops.cc; each validates its
-arguments, picks the name that pairs the collective across ranks and calls
-the generated op.  The kernels hand the tensor to the C++ engine, whose
-background thread negotiates with the other ranks, so collectives may be
-issued in any order on different ranks as long as their names agree.
-
-Names: a collective is matched across ranks by name.  Without an explicit
-`name`, calls inside a `tf.function` are named `<function graph path>/<unique
-op name>`, which is identical on every rank because every rank traces the
-same program.  The graph path lists the enclosing function graphs (e.g.
-`train_step/cond_true/...`) with TensorFlow's process-global uid suffixes
-removed, so a rank that traced more functions than the others (say, rank 0
-saving a checkpoint) still agrees.
-
-Eager calls are named `eager/<op>`, the same name for every call: an eager
-call blocks until its collective is done, so one thread has at most one in
-flight, and eager code runs in the same order on every rank.  The name is
-an op attribute and TensorFlow builds and caches one kernel per distinct set
-of attributes, so a name that changed per call would build a new kernel
-every call (about 0.5 ms, and a cache that only grows) and miss the engine's
-response cache.  For the same reason an explicit `name` should not contain
-a step counter.  Only the main thread may rely on default eager names: in
-any other thread an eager collective without `name=` raises `ValueError`,
-because calls of several threads have no order that is the same on every
-rank (their results would silently mix up the threads' values).  Threads
-pass explicit names that agree across ranks and differ between threads.
-
-An explicit `name` is used as-is.  A default name made while a
-communicating Keras call runs (`model.fit`, `evaluate`, `predict`, `save`,
-...; see `mpistrategy.keras_compat`) starts with that call, e.g.
-`Model.evaluate/eager/allreduce` or `Model.fit/Model.evaluate/<graph
-path>/allreduce_1`, so a stall warning or timeout says which Keras call the
-waiting ranks are in, and collectives of different Keras calls never pair.
+arguments, picks the name that pairs the collective across ranks (see
+`mpistrategy.ops._naming`) and calls the generated op.  The kernels hand the
+tensor to the C++ engine, whose background thread negotiates with the other
+ranks, so collectives may be issued in any order on different ranks as long
+as their names agree.  Their gradients are in `mpistrategy.ops.gradients`.
 
 Every function initializes mpistrategy on first use (`init()` with
 `Options.from_env()`) unless `init` was called before; see
@@ -41,13 +14,12 @@ Every function initializes mpistrategy on first use (`init()` with
 
 import enum
 import operator
-import re
-import threading
 
 import tensorflow as tf
 
 from mpistrategy import compression as compression_lib
 from mpistrategy import runtime
+from mpistrategy.ops import _naming
 
 __all__ = [
     "ReduceOp", "Sum", "Average", "Mean", "Min", "Max", "Product",
@@ -72,12 +44,12 @@ Min = ReduceOp.MIN
 Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
 
-_FLOAT_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+FLOAT_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 # A MEAN over these is divided before the sum: summing N float16 values of a
 # mean's magnitude overflows (65504) N times sooner than the mean does.
 _DIVIDE_FIRST_DTYPES = (tf.float16, tf.bfloat16)
-_ALL_DTYPES = _FLOAT_DTYPES + (tf.int32, tf.int64, tf.uint8, tf.int8, tf.bool)
-_NUMERIC_DTYPES = _FLOAT_DTYPES + (tf.int32, tf.int64, tf.uint8, tf.int8)
+_ALL_DTYPES = FLOAT_DTYPES + (tf.int32, tf.int64, tf.uint8, tf.int8, tf.bool)
+_NUMERIC_DTYPES = FLOAT_DTYPES + (tf.int32, tf.int64, tf.uint8, tf.int8)
 
 # ---------------------------------------------------------------------------
 # Argument checking and names
@@ -120,7 +92,7 @@ def _reduce_op(op, fn):
 
 
 def _check_op_dtype(op, tensor, fn):
-  if op == ReduceOp.MEAN and tensor.dtype not in _FLOAT_DTYPES:
+  if op == ReduceOp.MEAN and tensor.dtype not in FLOAT_DTYPES:
     raise ValueError(
         f"{fn}: op=Average needs a floating dtype (float16, bfloat16, "
         f"float32, float64), got {tensor.dtype.name}; use op=Sum and divide")
@@ -130,113 +102,6 @@ def _check_name(name, fn):
   if name is not None and (not isinstance(name, str) or not name):
     raise TypeError(
         f"{fn}: `name` must be a non-empty str or None, got {name!r}")
-
-
-def _tensor_name(name, kind):
-  """The name pairing this collective across ranks (see module docstring)."""
-  if name is not None:
-    return name
-  prefix = "".join(f"{entry}/" for entry in entry_points())
-  if tf.executing_eagerly():
-    _claim_eager_default_names(kind)
-    return f"{prefix}eager/{kind}"
-  graph = tf.compat.v1.get_default_graph()
-  return f"{prefix}{_graph_path(graph)}/{graph.unique_name(kind)}"
-
-
-# The public calls (e.g. "Model.evaluate") this thread is inside, outermost
-# first; pushed by `entry_point`.
-_entry = threading.local()
-
-
-def entry_points():
-  """The public calls that communicate which this thread is inside.
-
-  Returns:
-    A tuple of str, outermost first, e.g. `("Model.fit", "Model.evaluate")`.
-  """
-  return tuple(getattr(_entry, "stack", ()))
-
-
-class entry_point:  # pylint: disable=invalid-name
-  """`with entry_point("Model.evaluate"):` names the collectives inside.
-
-  Used by `mpistrategy.keras_compat` around Keras' public methods.  A call
-  of the same entry directly inside itself (a subclass's `fit` calling
-  `super().fit`) is recorded once.
-  """
-
-  def __init__(self, name):
-    self._name = name
-    self._pushed = False
-
-  def __enter__(self):
-    stack = getattr(_entry, "stack", None)
-    if stack is None:
-      stack = _entry.stack = []
-    if not stack or stack[-1] != self._name:
-      stack.append(self._name)
-      self._pushed = True
-    return self
-
-  def __exit__(self, *unused_exc):
-    if self._pushed:
-      _entry.stack.pop()
-    return False
-
-
-def _claim_eager_default_names(kind):
-  """Raises unless this thread may issue a default-named eager collective.
-
-  Default eager names (`eager/<op>`) pair the k-th call of each rank with
-  the k-th call of every other rank: program order, as long as one thread
-  issues them.  Among several threads the order is whatever the threads
-  happen to reach the engine in, which differs across ranks, so results
-  would silently mix up different threads' values.  The main thread is the
-  one thread that is the same on every rank (a first-come owner would not
-  be: a different thread may come first on each rank), so it alone may use
-  default eager names; every other thread must pass `name=`.
-
-  Args:
-    kind: the op, for the message.
-
-  Raises:
-    ValueError: this is not the main thread.
-  """
-  current = threading.current_thread()
-  if current is threading.main_thread():
-    return
-  raise ValueError(
-      f"mpistrategy.ops.{kind}: an eager collective without `name=` can "
-      f"only be issued from the main thread, and this is thread "
-      f"{current.name!r}. Default eager names pair calls across ranks by "
-      "their order, which is not defined between threads, so results would "
-      "silently mix up different threads' values. Pass name= (the same on "
-      "every rank, and different for each thread's calls, e.g. "
-      "name=f\"grads/{worker_id}\") or issue the collective from the main "
-      "thread.")
-
-
-# TensorFlow appends process-global uids to the names of the graphs it
-# creates for cond/while branches and gradients ("cond_true_48",
-# "while_body_115", "__backward_f_12", "cond_true_48_grad_69").  Those uids
-# count every graph built in the process, so they differ across ranks as soon
-# as one rank traces something the others do not (e.g. rank 0 saving a
-# checkpoint): they are dropped.  The chain of enclosing graphs keeps names
-# of branches of different functions apart.
-_TF_UID = re.compile(r"_\d+(?=_|$)")
-
-
-def _graph_path(graph):
-  """"outer/inner" names of the function graphs enclosing `graph`."""
-  parts = []
-  while graph is not None:
-    name = getattr(graph, "name", None)  # plain tf.Graph: no name
-    if not isinstance(name, str) or not name:
-      break
-    parts.append(_TF_UID.sub("", name))
-    graph = getattr(graph, "outer_graph", None)
-  return "/".join(reversed(parts)) or "graph"
 
 
 # ---------------------------------------------------------------------------
@@ -286,7 +151,7 @@ def allreduce(tensor, op=Sum, name=None, compression=None):
   _check_name(name, fn)
   compressor = compression_lib.get(compression, fn)
   lib = runtime.started_library()
-  tensor_name = _tensor_name(name, "allreduce")
+  tensor_name = _naming.tensor_name(name, "allreduce")
   if not compressor.compresses(tensor.dtype):
     [tensor], op = _divide_first_if_16_bit([tensor], op, lib)
     return lib.ops.mpi_strategy_allreduce(
@@ -342,7 +207,7 @@ def grouped_allreduce(tensors, op=Sum, name=None, compression=None):
   if not converted:
     return []
   lib = runtime.started_library()
-  tensor_name = _tensor_name(name, "grouped_allreduce")
+  tensor_name = _naming.tensor_name(name, "grouped_allreduce")
   if not any(compressor.compresses(t.dtype) for t in converted):
     converted, op = _divide_first_if_16_bit(converted, op, lib)
     return list(lib.ops.mpi_strategy_grouped_allreduce(
@@ -429,7 +294,7 @@ def allgather(tensor, name=None):
   _check_name(name, fn)
   lib = runtime.started_library()
   return lib.ops.mpi_strategy_allgather(
-      tensor, tensor_name=_tensor_name(name, "allgather"))
+      tensor, tensor_name=_naming.tensor_name(name, "allgather"))
 
 
 @tf.autograph.experimental.do_not_convert
@@ -465,7 +330,7 @@ def broadcast(tensor, root_rank=0, name=None):
                      f"{root_rank}")
   return lib.ops.mpi_strategy_broadcast(
       tensor, root_rank=root_rank,
-      tensor_name=_tensor_name(name, "broadcast"))
+      tensor_name=_naming.tensor_name(name, "broadcast"))
 
 
 @tf.autograph.experimental.do_not_convert
@@ -499,7 +364,7 @@ def reducescatter(tensor, op=Sum, name=None):
   [tensor], op = _divide_first_if_16_bit([tensor], op, lib)
   return lib.ops.mpi_strategy_reducescatter(
       tensor, reduce_op=op.value,
-      tensor_name=_tensor_name(name, "reducescatter"))
+      tensor_name=_naming.tensor_name(name, "reducescatter"))
 
 
 @tf.autograph.experimental.do_not_convert
@@ -549,7 +414,7 @@ def alltoall(tensor, splits=None, name=None):
     raise ValueError(f"{fn}: `splits` must have one entry per rank ({world}), "
                      f"got {splits.shape[0]}; pass None for an even split")
   output, received = lib.ops.mpi_strategy_alltoall(
-      tensor, splits, tensor_name=_tensor_name(name, "alltoall"))
+      tensor, splits, tensor_name=_naming.tensor_name(name, "alltoall"))
   return output, received
 
 
@@ -567,109 +432,5 @@ def barrier(name=None):
   fn = "mpistrategy.ops.barrier"
   _check_name(name, fn)
   lib = runtime.started_library()
-  op = lib.ops.mpi_strategy_barrier(tensor_name=_tensor_name(name, "barrier"))
+  op = lib.ops.mpi_strategy_barrier(tensor_name=_naming.tensor_name(name, "barrier"))
   return None if tf.executing_eagerly() else op
-
-
-# ---------------------------------------------------------------------------
-# Gradients.  Convention: every rank's loss is summed, so d(total)/d(x_local)
-# gathers the upstream gradients of all ranks.
-
-
-def _attr_str(op, name):
-  value = op.get_attr(name)
-  return value.decode() if isinstance(value, bytes) else value
-
-
-def _dense(grad):
-  # Gradients of gathers arrive as tf.IndexedSlices; the ops take dense
-  # tensors.
-  return tf.convert_to_tensor(grad) if isinstance(
-      grad, tf.IndexedSlices) else grad
-
-
-def _allreduce_grad(x, y, grad, reduce_op):
-  grad = _dense(grad)
-  if reduce_op in (ReduceOp.SUM, ReduceOp.MEAN):
-    return allreduce(grad, op=reduce_op)
-  if x.dtype not in _FLOAT_DTYPES:
-    return None
-  total = allreduce(grad, op=Sum)
-  if reduce_op in (ReduceOp.MIN, ReduceOp.MAX):
-    # As tf.reduce_max: the ranks holding the extreme share the gradient.
-    is_extreme = tf.cast(tf.equal(x, y), grad.dtype)
-    holders = allreduce(is_extreme, op=Sum)
-    return total * tf.math.divide_no_nan(is_extreme, holders)
-  # PRODUCT: d y / d x = the product of the other ranks' values.  y / x
-  # gives it wherever x != 0; where x == 0 it is the product of the other
-  # (nonzero) values if this is the only zero, else 0.
-  is_zero = tf.equal(x, tf.zeros_like(x))
-  zeros = allreduce(tf.cast(is_zero, tf.int32), op=Sum)
-  nonzero_product = allreduce(tf.where(is_zero, tf.ones_like(x), x),
-                              op=Product)
-  others = tf.where(
-      is_zero,
-      tf.where(tf.equal(zeros, 1), nonzero_product, tf.zeros_like(x)),
-      tf.math.divide_no_nan(y, x))
-  return total * tf.cast(others, grad.dtype)
-
-
-@tf.RegisterGradient("MpiStrategyAllreduce")
-def _allreduce_gradient(op, grad):
-  return _allreduce_grad(op.inputs[0], op.outputs[0], grad,
-                         ReduceOp(_attr_str(op, "reduce_op")))
-
-
-@tf.RegisterGradient("MpiStrategyGroupedAllreduce")
-def _grouped_allreduce_gradient(op, *grads):
-  reduce_op = ReduceOp(_attr_str(op, "reduce_op"))
-  if reduce_op in (ReduceOp.SUM, ReduceOp.MEAN):
-    present = [i for i, g in enumerate(grads) if g is not None]
-    reduced = grouped_allreduce([_dense(grads[i]) for i in present],
-                                op=reduce_op)
-    result = [None] * len(grads)
-    for i, r in zip(present, reduced):
-      result[i] = r
-    return result
-  return [None if g is None else _allreduce_grad(x, y, g, reduce_op)
-          for x, y, g in zip(op.inputs, op.outputs, grads)]
-
-
-@tf.RegisterGradient("MpiStrategyAllgather")
-def _allgather_gradient(op, grad):
-  x = op.inputs[0]
-  total = allreduce(_dense(grad), op=Sum)
-  rows = tf.shape(x, out_type=tf.int64)[:1]
-  sizes = allgather(rows)
-  my_rank = runtime.rank()
-  offset = tf.reduce_sum(sizes[:my_rank])
-  return total[offset:offset + rows[0]]
-
-
-@tf.RegisterGradient("MpiStrategyBroadcast")
-def _broadcast_gradient(op, grad):
-  total = allreduce(_dense(grad), op=Sum)
-  if runtime.rank() == op.get_attr("root_rank"):
-    return total
-  return tf.zeros_like(total)
-
-
-@tf.RegisterGradient("MpiStrategyReducescatter")
-def _reducescatter_gradient(op, grad):
-  reduce_op = ReduceOp(_attr_str(op, "reduce_op"))
-  if reduce_op not in (ReduceOp.SUM, ReduceOp.MEAN):
-    return None
-  gathered = allgather(_dense(grad))
-  if reduce_op == ReduceOp.MEAN:
-    gathered = gathered / tf.cast(runtime.size(), gathered.dtype)
-  return gathered
-
-
-@tf.RegisterGradient("MpiStrategyAlltoall")
-def _alltoall_gradient(op, grad, unused_splits_grad):
-  del unused_splits_grad
-  back, _ = alltoall(_dense(grad), splits=op.outputs[1])
-  return back, None
-
-
-tf.no_gradient("MpiStrategyBarrier")
