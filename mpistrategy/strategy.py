@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from mpistrategy import _tf_private as _tfp
+from mpistrategy import compat
 from mpistrategy import compression as compression_lib
 from mpistrategy import gpu
 from mpistrategy import options as options_lib
@@ -315,7 +316,7 @@ class MPIStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     `Dataset.shuffle`) draw the same order on every rank and the
     auto-sharded batches partition the data exactly;
   * installs small, idempotent compatibility patches (see
-    `mpistrategy.keras_compat` and `mpistrategy.checkpoint`): Keras'
+    `mpistrategy.compat`, which lists them all): Keras'
     `LossScaleOptimizer` skips a step on every rank when any rank overflows;
     Keras progress bars print on rank 0 only; the moving statistics of
     non-synchronized `BatchNormalization` layers are averaged over ranks
@@ -355,6 +356,10 @@ class MPIStrategy(tf.distribute.MultiWorkerMirroredStrategy):
       or engine-wide options that conflict with an already running engine.
   """
 
+  # How mpistrategy.compat's patches recognise an MPIStrategy without
+  # importing this module.
+  _is_mpi_strategy = True
+
   def __init__(self, cross_device_ops=None, communication_options=None,
                compression=None):
     # pylint: disable=non-parent-init-called,super-init-not-called
@@ -372,9 +377,7 @@ class MPIStrategy(tf.distribute.MultiWorkerMirroredStrategy):
                           compression))
     # pylint: enable=non-parent-init-called,super-init-not-called
     rank, size = self.extended._id_in_cluster, self.extended._num_workers  # pylint: disable=protected-access
-    from mpistrategy import keras_compat, checkpoint  # pylint: disable=g-import-not-at-top
-    keras_compat.install(rank=rank, size=size)
-    checkpoint.install(rank=rank, size=size)
+    compat.install(rank=rank, size=size)
     if size > 1:
       _broadcast_seed()
 

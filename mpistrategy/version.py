@@ -17,7 +17,7 @@ TESTED_TENSORFLOW = ("2.21",)
 TESTED_KERAS = ("3.15",)
 
 # The Keras and TensorFlow internals that mpistrategy patches or reads
-# (mpistrategy/keras_compat.py, mpistrategy/checkpoint.py,
+# (the inventory in mpistrategy/compat/__init__.py, and
 # mpistrategy/_tf_private.py); a release that changes them can break it.
 PATCHED_INTERNALS = (
     "keras LossScaleOptimizer.check_finite",

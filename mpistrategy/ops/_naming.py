@@ -23,7 +23,7 @@ pass explicit names that agree across ranks and differ between threads.
 
 An explicit `name` is used as-is.  A default name made while a
 communicating Keras call runs (`model.fit`, `evaluate`, `predict`, `save`,
-...; see `mpistrategy.keras_compat`) starts with that call, e.g.
+...; see `mpistrategy.compat`) starts with that call, e.g.
 `Model.evaluate/eager/allreduce` or `Model.fit/Model.evaluate/<graph
 path>/allreduce_1`, so a stall warning or timeout says which Keras call the
 waiting ranks are in, and collectives of different Keras calls never pair.
@@ -64,7 +64,7 @@ def entry_points():
 class entry_point:  # pylint: disable=invalid-name
   """`with entry_point("Model.evaluate"):` names the collectives inside.
 
-  Used by `mpistrategy.keras_compat` around Keras' public methods.  A call
+  Used by `mpistrategy.compat.keras` around Keras' public methods.  A call
   of the same entry directly inside itself (a subclass's `fit` calling
   `super().fit`) is recorded once.
   """

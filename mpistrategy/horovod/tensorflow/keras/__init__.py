@@ -28,7 +28,7 @@ import keras
 import tensorflow as tf
 
 from mpistrategy.horovod import tensorflow as _hvd
-from mpistrategy.horovod.tensorflow import _keras_compat
+from mpistrategy import compat as _compat
 from mpistrategy.horovod.tensorflow import gradients as _gradients
 from mpistrategy.horovod.tensorflow.basics import ccl_built
 from mpistrategy.horovod.tensorflow.basics import cross_rank
@@ -120,4 +120,4 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
   return model
 
 
-_keras_compat.accept_experimental_run_tf_function()
+_compat.install_keras2_spellings()
