@@ -17,6 +17,7 @@ import pytest
 
 from mpistrategy import Options
 from mpistrategy import run
+from mpistrategy.launch import command as launch_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -74,7 +75,7 @@ def _main(monkeypatch, capsys, argv, **environ):
 
 def test_openmpi_command(monkeypatch, script):
   # As from a checkout on PYTHONPATH (an installed package: the same).
-  monkeypatch.setattr(run, "_package_parent", lambda: ROOT)
+  monkeypatch.setattr(launch_command, "_package_parent", lambda: ROOT)
   environ = _environ(LD_LIBRARY_PATH="/opt/lib", NCCL_DEBUG="INFO",
                      CUDA_VISIBLE_DEVICES="0,1", TF_CPP_MIN_LOG_LEVEL="2",
                      MPISTRATEGY_CYCLE_TIME_MS="5", OMPI_MCA_btl="self")
@@ -148,7 +149,7 @@ def test_program_on_path_is_run_as_given(script):
 
 def test_checkout_goes_on_pythonpath_for_the_ranks(monkeypatch, script):
   # The launcher's mpistrategy comes from a checkout outside site-packages.
-  monkeypatch.setattr(run, "_package_parent", lambda: ROOT)
+  monkeypatch.setattr(launch_command, "_package_parent", lambda: ROOT)
   environ = _environ()
   del environ["PYTHONPATH"]
   command = _build(["-np", "2", script], environ)
