@@ -85,17 +85,8 @@ def _register_order_insensitive():
 def _declare(c):
   """Sets the ctypes signatures of the C ABI (cc/kernels/c_api.cc)."""
   c.mpistrategy_init.argtypes = [
-      ctypes.c_int64,   # fusion_threshold_bytes
-      ctypes.c_double,  # cycle_time_ms
-      ctypes.c_double,  # fusion_wait_ms
-      ctypes.c_int,     # autotune
-      ctypes.c_char_p,  # autotune_log
-      ctypes.c_int32,   # cache_capacity
-      ctypes.c_double,  # stall_warning_seconds
-      ctypes.c_double,  # stall_timeout_seconds
-      ctypes.c_double,  # peer_timeout_seconds
-      ctypes.c_char_p,  # timeline_path
-      ctypes.c_int,     # hierarchical_allreduce
+      ctypes.c_char_p,  # config: "key=value\0" entries (runtime.py)
+      ctypes.c_size_t,  # its length in bytes
       ctypes.c_char_p,  # error_buf
       ctypes.c_int,     # error_len
   ]
