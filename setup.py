@@ -84,7 +84,7 @@ def _sources():
 def _tf_flags():
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   try:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf
   except ImportError as e:
     sys.exit(f"setup.py: cannot import tensorflow ({e}); it is a build "
              "requirement (pyproject.toml)")
@@ -99,7 +99,7 @@ def _mpicc():
   if shutil.which("mpicc"):
     return "mpicc"
   try:
-    import mpi4py  # pylint: disable=g-import-not-at-top
+    import mpi4py
     configured = mpi4py.get_config().get("mpicc")
     if configured and shutil.which(configured):
       return configured

@@ -18,12 +18,12 @@ Verified against TensorFlow 2.21.0 and Keras 3.15.
 import importlib
 
 
-# pylint: disable=unused-import,g-bad-import-order
 from tensorflow.python.checkpoint import checkpoint as tf_checkpoint
 from tensorflow.python.checkpoint import checkpoint_management
 from tensorflow.python.distribute import collective_all_reduce_strategy
 from tensorflow.python.distribute import collective_util
-from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
+from tensorflow.python.distribute import (
+    cross_device_ops as cross_device_ops_lib)
 from tensorflow.python.distribute import cross_device_utils
 from tensorflow.python.distribute import device_util
 from tensorflow.python.distribute import distribute_lib
@@ -33,7 +33,8 @@ from tensorflow.python.distribute import numpy_dataset
 from tensorflow.python.distribute import reduce_util
 from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.distribute import values_util
-from tensorflow.python.distribute.cluster_resolver import cluster_resolver as cluster_resolver_lib
+from tensorflow.python.distribute.cluster_resolver import (
+    cluster_resolver as cluster_resolver_lib)
 from tensorflow.python.eager import context
 from tensorflow.python.framework import auto_control_deps
 from tensorflow.python.saved_model import load as saved_model_load

@@ -896,7 +896,8 @@ def patch_keras_model_saving():
         atomic=_may_replace(filepath, args, kwargs) and sharded is None,
         stage=True)
 
-  save.__doc__, save_weights.__doc__ = orig_save.__doc__, orig_save_weights.__doc__
+  save.__doc__ = orig_save.__doc__
+  save_weights.__doc__ = orig_save_weights.__doc__
   cls.save, cls.save_weights = save, save_weights
 
   orig_export = cls.export

@@ -53,7 +53,7 @@ def pin_to_local_gpu(local_rank=None, local_size=None, memory_growth=None):
   if not gpus:
     return None
   if local_rank is None or local_size is None:
-    from mpistrategy import runtime  # pylint: disable=g-import-not-at-top
+    from mpistrategy import runtime
     if local_rank is None:
       local_rank = runtime.local_rank()
     if local_size is None:

@@ -42,7 +42,8 @@ def _broadcast_initial_value(value):
   ops = _ops()
   if value.dtype in _BROADCASTABLE:
     return ops.broadcast(value, root_rank=0)
-  if value.dtype.is_integer or value.dtype.is_floating or value.dtype.is_complex:
+  dtype = value.dtype
+  if dtype.is_integer or dtype.is_floating or dtype.is_complex:
     # A broadcast copies bytes, so the bit pattern arrives unchanged.
     received = ops.broadcast(tf.bitcast(value, tf.uint8), root_rank=0)
     return tf.bitcast(received, value.dtype)
@@ -50,7 +51,7 @@ def _broadcast_initial_value(value):
 
 
 def _ops():
-  from mpistrategy import ops  # pylint: disable=g-import-not-at-top
+  from mpistrategy import ops
   return ops
 
 
@@ -221,7 +222,7 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
     # does not map over nests the way `MirroredExtended._reduce_to` does.
     if tf.nest.is_nested(value):
       return tf.nest.map_structure(
-          lambda v: super(MPIExtended, self)._reduce_to(  # pylint: disable=g-long-lambda
+          lambda v: super(MPIExtended, self)._reduce_to(
               reduce_op, v, destinations, options), value)
     return super()._reduce_to(reduce_op, value, destinations, options)
 

@@ -115,7 +115,7 @@ def patch_loss_scale_optimizer():
     finite = original(self, grads)
     if _active_mpi_world() <= 1:
       return finite
-    from mpistrategy import ops  # pylint: disable=g-import-not-at-top
+    from mpistrategy import ops
     # MIN over ranks of the local flag: finite only if finite everywhere.
     with tf.name_scope("MPILossScaleFinite"):
       flag = ops.allreduce(tf.cast(finite, tf.int32), op=ops.Min)
@@ -168,7 +168,7 @@ def _average_over_ranks(layer, inputs):
     layer: a built `BatchNormalization` layer, after its own update.
     inputs: the batch it was just called on.
   """
-  from mpistrategy import ops  # pylint: disable=g-import-not-at-top
+  from mpistrategy import ops
   variables = [v for v in layer.non_trainable_variables
                if tf.as_dtype(v.dtype).is_floating]
   if not variables:
@@ -270,7 +270,7 @@ def _rule_note(entry, rank):
 
 
 def patch_entry_points(rank):
-  from mpistrategy.ops import _naming  # pylint: disable=g-import-not-at-top
+  from mpistrategy.ops import _naming
   for module_name, class_name, label, methods in _ENTRY_POINTS:
     cls = getattr(getattr(_tfp, module_name), class_name)
     for method in methods:

@@ -12,7 +12,7 @@ _ReduceOp = tf.distribute.ReduceOp
 def _ops():
   # Imported lazily so that `import mpistrategy.cross_device_ops` does not load
   # the custom-op library (and so tests can inject a stand-in module).
-  from mpistrategy import ops  # pylint: disable=g-import-not-at-top
+  from mpistrategy import ops
   return ops
 
 

@@ -41,7 +41,7 @@ class NcclAllReduce(mpi_all_reduce.MPIAllReduce):
       raise ValueError(
           "NcclAllReduce needs GPU tensors and the CUDA build of mpistrategy; "
           "no GPU is visible to this process. Use MPIAllReduce on CPUs.")
-    from mpistrategy import ops  # pylint: disable=g-import-not-at-top
+    from mpistrategy import ops
     if not getattr(ops, "built_with_cuda", lambda: False)():
       raise NotImplementedError(
           "NcclAllReduce needs GPU tensors and the CUDA build of "

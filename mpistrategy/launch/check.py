@@ -27,10 +27,10 @@ def _version(distribution):
 def _mpi_library_version():
   """(first line of MPI_Get_library_version, mpi4py version) or an error."""
   try:
-    import mpi4py  # pylint: disable=g-import-not-at-top
+    import mpi4py
     mpi4py.rc.initialize = False  # only ask; do not start MPI
     mpi4py.rc.finalize = False
-    from mpi4py import MPI  # pylint: disable=g-import-not-at-top
+    from mpi4py import MPI
     # Open MPI's string ends with a NUL byte.
     text = MPI.Get_library_version().strip("\x00 \n").splitlines()[0].strip()
     return True, f"{text} (mpi4py {mpi4py.__version__})"
@@ -73,7 +73,7 @@ def check(environ):
   lines.append(f"{_mark(True)} Python {platform.python_version()}: "
                f"{sys.executable}")
   try:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf
     lines.append(f"{_mark(True)} TensorFlow {tf.__version__}")
   except ImportError as e:
     tf = None
@@ -82,7 +82,7 @@ def check(environ):
   library = None
   if tf is not None:
     try:
-      from mpistrategy import _library  # pylint: disable=g-import-not-at-top
+      from mpistrategy import _library
       library = _library.load()
       lines.append(f"{_mark(True)} op library loads: {library.path}")
     except ImportError as e:

@@ -432,5 +432,6 @@ def barrier(name=None):
   fn = "mpistrategy.ops.barrier"
   _check_name(name, fn)
   lib = runtime.started_library()
-  op = lib.ops.mpi_strategy_barrier(tensor_name=_naming.tensor_name(name, "barrier"))
+  op = lib.ops.mpi_strategy_barrier(
+      tensor_name=_naming.tensor_name(name, "barrier"))
   return None if tf.executing_eagerly() else op

@@ -62,7 +62,7 @@ def _sources_in_bazel_list():
   """The .cc files cc/sources.bzl lists, as paths relative to the root."""
   sys.path.insert(0, ROOT)
   try:
-    import setup as setup_py  # pylint: disable=import-outside-toplevel
+    import setup as setup_py
   finally:
     sys.path.remove(ROOT)
   return setup_py._sources()  # pylint: disable=protected-access

@@ -172,8 +172,8 @@ def test_allreduce_8_bit_sums_wrap_like_numpy(dtype, count):
   value = 100 if dtype == tf.int8 else 200
   x = tf.fill([count], tf.constant(value, dtype))
   want = (np.full([count], value, np.int64) * SIZE).astype(dtype.as_numpy_dtype)
-  for y in (ops.allreduce(x, name=f"wrap/{dtype.name}/{count}"),
-            ops.grouped_allreduce([x, x], name=f"wrap/g/{dtype.name}/{count}")[1]):
+  grouped = ops.grouped_allreduce([x, x], name=f"wrap/g/{dtype.name}/{count}")
+  for y in (ops.allreduce(x, name=f"wrap/{dtype.name}/{count}"), grouped[1]):
     np.testing.assert_array_equal(y.numpy(), want)
 
 

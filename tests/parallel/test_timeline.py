@@ -251,8 +251,8 @@ def test_a_rank_that_cannot_create_the_file_fails_every_rank(shared_dir):
       mpistrategy.init(mpistrategy.Options(timeline=missing))
       # Once the engine has stopped, what MPIStrategy() does next must not
       # start a new one (that would wait for rank 0 forever).
-      from mpistrategy.cross_device_ops import MPIAllReduce  # pylint: disable=g-import-not-at-top
-      from mpistrategy import _library  # pylint: disable=g-import-not-at-top
+      from mpistrategy.cross_device_ops import MPIAllReduce
+      from mpistrategy import _library
       deadline = time.monotonic() + 30
       while (not _library.load().c.mpistrategy_engine_stopped() and
              time.monotonic() < deadline):

@@ -37,7 +37,7 @@ def test_default_names_start_with_the_entry_stack():
 
 
 def test_entry_stack_is_per_thread():
-  import threading  # pylint: disable=g-import-not-at-top
+  import threading
   seen = []
   with _naming.entry_point("Model.predict"):
     t = threading.Thread(target=lambda: seen.append(_naming.entry_points()))
@@ -74,7 +74,7 @@ def test_keras_calls_are_entry_points():
   assert seen["predict"] == ("Model.predict",)
   assert _naming.entry_points() == ()
   # The wrappers keep the signature and the documentation.
-  import inspect  # pylint: disable=g-import-not-at-top
+  import inspect
   assert "validation_data" in inspect.signature(keras.Model.fit).parameters
   evaluate = keras.Model.evaluate
   assert evaluate.__doc__ == evaluate.__wrapped__.__doc__

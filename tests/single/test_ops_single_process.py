@@ -357,7 +357,7 @@ def _python(code, env=None, timeout=120):
 
 
 def _library_path():
-  from mpistrategy import _library  # pylint: disable=import-outside-toplevel
+  from mpistrategy import _library
   return _library.load().path
 
 
@@ -447,7 +447,7 @@ def test_uncaught_exception_aborts_every_rank():
 
 def test_default_eager_names_only_from_the_main_thread():
   """Other threads must pass name= (issue #14: results silently mixed up)."""
-  import threading  # pylint: disable=g-import-not-at-top
+  import threading
   results = {}
 
   def worker():

@@ -270,7 +270,7 @@ def test_rank_program_runs_behind_the_quiet_wrapper_unless_verbose(script):
       *QUIET, "sh", "-c", "true"]
 
 
-# --- engine option flags -------------------------------------------------------
+# --- engine option flags -----------------------------------------------------
 
 
 def test_every_options_field_has_a_flag(script):
@@ -601,7 +601,7 @@ def test_check_reports_the_build():
 
 
 def test_check_fails_when_the_op_library_does_not_load(monkeypatch, capsys):
-  from mpistrategy import _library  # pylint: disable=g-import-not-at-top
+  from mpistrategy import _library
 
   def not_built():
     raise ImportError("_mpi_ops.so was not found (test)")
@@ -631,7 +631,7 @@ def test_launcher_starts_without_importing_tensorflow():
 
 
 def test_rank_comes_from_the_launchers_variables():
-  from mpistrategy import _output  # pylint: disable=g-import-not-at-top
+  from mpistrategy import _output
   assert _output.rank_from_env({}) is None
   assert _output.rank_from_env({"OMPI_COMM_WORLD_RANK": "3"}) == 3
   assert _output.rank_from_env({"PMI_RANK": "2"}) == 2
@@ -661,7 +661,7 @@ def test_rank_comes_from_the_launchers_variables():
     "INFO:absl:something",
 ])
 def test_start_up_noise_is_recognised(line):
-  from mpistrategy import _output  # pylint: disable=g-import-not-at-top
+  from mpistrategy import _output
   assert _output.is_noise(line)
   assert _output.is_noise(line + "\n")
 
@@ -679,7 +679,7 @@ def test_start_up_noise_is_recognised(line):
     "",
 ])
 def test_errors_and_user_lines_are_not_noise(line):
-  from mpistrategy import _output  # pylint: disable=g-import-not-at-top
+  from mpistrategy import _output
   assert not _output.is_noise(line)
 
 

@@ -29,8 +29,8 @@ def _probe(local_size, cpus, total, touch=False, env=None):
     full_env.pop(name, None)
   full_env.update(env or {})
   out = subprocess.run(
-      [sys.executable, "-P", "-c", _PROBE, str(local_size), str(cpus), str(total),
-       str(int(touch))],
+      [sys.executable, "-P", "-c", _PROBE, str(local_size), str(cpus),
+       str(total), str(int(touch))],
       env=full_env, capture_output=True, text=True, timeout=120, check=True)
   return out.stdout.split()[-3:]
 

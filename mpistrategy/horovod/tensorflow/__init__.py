@@ -88,10 +88,12 @@ from mpistrategy.horovod.tensorflow.functions import reducescatter
 from mpistrategy.horovod.tensorflow.functions import Sum
 from mpistrategy.horovod.tensorflow.gradients import DistributedGradientTape
 from mpistrategy.horovod.tensorflow.gradients import DistributedOptimizer
-from mpistrategy.horovod.tensorflow.gradients import PartialDistributedGradientTape
+from mpistrategy.horovod.tensorflow.gradients import (
+    PartialDistributedGradientTape)
 from mpistrategy.horovod.tensorflow.gradients import PartialDistributedOptimizer
 from mpistrategy.horovod.tensorflow.unsupported import add_process_set
-from mpistrategy.horovod.tensorflow.unsupported import broadcast_global_variables
+from mpistrategy.horovod.tensorflow.unsupported import (
+    broadcast_global_variables)
 from mpistrategy.horovod.tensorflow.unsupported import elastic
 from mpistrategy.horovod.tensorflow.unsupported import remove_process_set
 from mpistrategy.horovod.tensorflow.unsupported import start_timeline

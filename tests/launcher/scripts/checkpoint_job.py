@@ -15,7 +15,8 @@
                        only rank 0 restores (A: checkpoint, load_weights,
                        manager) while the others go on to train: rank 0 must
                        fail with DeadlineExceededError after
-                       MPISTRATEGY_CHECKPOINT_READ_TIMEOUT_SECONDS, and the job end.
+                       MPISTRATEGY_CHECKPOINT_READ_TIMEOUT_SECONDS, and the
+                       job end.
 
 Events: INIT, WRITTEN, ERROR, CHECK, RESTORING, FINISHED.
 """

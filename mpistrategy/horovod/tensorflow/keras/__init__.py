@@ -62,7 +62,8 @@ from mpistrategy.horovod.tensorflow.functions import Sum
 from mpistrategy.horovod.tensorflow.gradients import DistributedOptimizer
 from mpistrategy.horovod.tensorflow.gradients import PartialDistributedOptimizer
 from mpistrategy.horovod.tensorflow.keras import callbacks
-from mpistrategy.horovod.tensorflow.unsupported import broadcast_global_variables
+from mpistrategy.horovod.tensorflow.unsupported import (
+    broadcast_global_variables)
 from mpistrategy.horovod.tensorflow.unsupported import elastic
 from mpistrategy.horovod.tensorflow.unsupported import SyncBatchNormalization
 
