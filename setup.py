@@ -125,7 +125,8 @@ def _mpi(what):
 
 class BuildExt(build_ext):
   """Names the library mpistrategy/ops/_mpi_ops.so (no ABI tag), the path
-  mpistrategy.ops loads; packages MPISTRATEGY_PREBUILT_LIBRARY when set."""
+  mpistrategy/_library.py loads; packages MPISTRATEGY_PREBUILT_LIBRARY when
+  set."""
 
   def get_ext_filename(self, fullname):
     # Called with the full dotted name and, from get_ext_fullpath, with the

@@ -26,7 +26,7 @@ from mpistrategy.ops.collectives import Product
 from mpistrategy.ops.collectives import reducescatter
 from mpistrategy.ops.collectives import ReduceOp
 from mpistrategy.ops.collectives import Sum
-from mpistrategy.ops import gradients  # noqa: F401  (registers the gradients)
+from mpistrategy.ops import gradients  # registers the gradients
 from mpistrategy.runtime import built_with_cuda
 from mpistrategy.runtime import built_with_nccl
 from mpistrategy.runtime import current_options
