@@ -107,6 +107,9 @@ def test_sdist_installs_with_build_isolation_and_runs_two_ranks(tmp_path):
   (work / "train.py").write_text(textwrap.dedent(_SCRIPT))
   marker = f"pip-route-{os.getpid()}-{int(time.time())}"
   job_env = clean_env({"TF_CPP_MIN_LOG_LEVEL": "2"})
+  # The job must import the fresh venv's copy, not a private install that
+  # the caller named (make test sets no PYTHONPATH).
+  job_env.pop("PYTHONPATH", None)
   job_env["PATH"] = f"{venv / 'bin'}{os.pathsep}{job_env.get('PATH', '')}"
   proc = subprocess.run(
       ["timeout", "-k", "10", "180", str(venv / "bin" / "mpistrategyrun"),
