@@ -2,6 +2,7 @@
 #
 #   make demo     set up everything, then train the Keras example on 2 MPI ranks
 #   make test     set up everything, then run every test suite (what CI runs)
+#   make lint     ruff (pyproject.toml [tool.ruff]) over the Python files
 #   make build    op library -> mpistrategy/ops/_mpi_ops.so (CPU kernels)
 #   make install  build, then install the package into .venv (pip, no compile)
 #   make sdist    source distribution -> dist/mpistrategy-<version>.tar.gz
@@ -100,7 +101,7 @@ COPY_LIB = copy_lib() { mkdir -p "$$(dirname "$$2")"; [ -e "$$2" ] && chmod u+w 
 	cmp -s "$$1" "$$2" || { cp -f "$$1" "$$2.tmp.$$$$"; chmod u+w "$$2.tmp.$$$$"; \
 	  mv -f "$$2.tmp.$$$$" "$$2"; }; chmod u+w "$$2"; echo "  -> $$2"; };
 
-.PHONY: all help deps venv build build-cuda install sdist test demo bench clean distclean
+.PHONY: all help deps venv build build-cuda install sdist lint test demo bench clean distclean
 
 all: build
 
@@ -182,6 +183,11 @@ BAZEL_TEST_CMD = trap '$(BAZEL) shutdown' EXIT; \
 	  echo "bazel-test: SKIPPED: no cc_test targets under //cc yet"; exit 0; fi; \
 	$(BAZEL) test //cc/... --test_output=errors $(BAZEL_TEST_ENV)
 
+LINT_CMD = cd "$(ROOT)" && "$(PY)" -m ruff check --no-cache .
+
+lint: venv
+	$(call stage,lint,$(LINT_CMD))
+
 PYTEST_FLAGS = -p no:randomly -p no:cacheprovider --timeout=$(MPISTRATEGY_TEST_TIMEOUT) --timeout-method=thread
 
 SINGLE_CMD   = timeout $(KILL_AFTER) $(TIMEOUT_SINGLE) "$(PY)" -P -m pytest $(PYTEST_FLAGS) --durations=10 tests/single
@@ -196,6 +202,7 @@ MULTIHOST_CMD = MULTIHOST_REQUIRED=$${MULTIHOST_REQUIRED:-$$([ -n "$${CI:-}" ] &
 
 test: BAZEL_KEEP_SERVER = 1
 test: deps venv build build-cuda install
+	$(call stage,lint,$(LINT_CMD))
 	$(call stage,bazel-test,$(BAZEL_TEST_CMD))
 	$(call stage,pytest-single,$(SINGLE_CMD))
 	$(call stage,pytest-parallel-np2,$(NP2_CMD))

@@ -89,7 +89,7 @@ def _sources():
 def _tf_flags():
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   try:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf
   except ImportError as e:
     sys.exit(f"setup.py: cannot import tensorflow ({e}); it is a build "
              "requirement (pyproject.toml)")
@@ -104,7 +104,7 @@ def _mpicc():
   if shutil.which("mpicc"):
     return "mpicc"
   try:
-    import mpi4py  # pylint: disable=g-import-not-at-top
+    import mpi4py
     configured = mpi4py.get_config().get("mpicc")
     if configured and shutil.which(configured):
       return configured
@@ -130,7 +130,8 @@ def _mpi(what):
 
 class BuildExt(build_ext):
   """Names the library mpistrategy/ops/_mpi_ops.so (no ABI tag), the path
-  mpistrategy.ops loads; packages MPISTRATEGY_PREBUILT_LIBRARY when set."""
+  mpistrategy/_library.py loads; packages MPISTRATEGY_PREBUILT_LIBRARY when
+  set."""
 
   def get_ext_filename(self, fullname):
     # Called with the full dotted name and, from get_ext_fullpath, with the

@@ -66,7 +66,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
   sys.path.insert(0, _ROOT)
 
-import numpy as np  # pylint: disable=wrong-import-position
+import numpy as np
 
 DEFAULT_CASES = "4KB,256KB,4MB,64MB,200x16KB"
 CHAIN_LENGTH = 30
@@ -159,7 +159,7 @@ def bench_raw(comm, cases, args):
   For groups, "raw" is one fused call and "raw_separate" one call per
   tensor.
   """
-  from mpi4py import MPI  # pylint: disable=import-outside-toplevel
+  from mpi4py import MPI
   rank, size = comm.Get_rank(), comm.Get_size()
   expected = size * (size + 1) / 2
 
@@ -188,7 +188,8 @@ def bench_raw(comm, cases, args):
       check(y, expected, "raw " + label)
       results[label] = {
           "raw": s,
-          "raw_inplace": time_inplace(n, warmup, iters, "raw in-place " + label)}
+          "raw_inplace": time_inplace(n, warmup, iters,
+                                      "raw in-place " + label)}
     else:
       xs = [np.full(n, rank + 1, np.float32) for _ in range(count)]
       ys = [np.empty_like(x) for x in xs]
@@ -238,10 +239,10 @@ def bench_ops(cases, args, device):
   tf.function, per op), "ops_eager" (one eager call; single tensors), and
   for groups "ops_unpacked" and "ops_separate".
   """
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  import mpistrategy  # pylint: disable=import-outside-toplevel
-  from mpistrategy import ops  # pylint: disable=import-outside-toplevel
-  from mpistrategy.ops import mpi_ops  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
+  import mpistrategy
+  from mpistrategy import ops
+  from mpistrategy.ops import collectives
 
   rank, size = mpistrategy.rank(), mpistrategy.size()
   expected = size * (size + 1) / 2
@@ -339,7 +340,7 @@ def bench_ops(cases, args, device):
         # saves.
         @tf.function
         def unpacked(t):
-          return mpi_ops._grouped_allreduce_unpacked(  # pylint: disable=protected-access
+          return collectives._grouped_allreduce_unpacked(  # pylint: disable=protected-access
               tf.split(t, count), "bench/unpacked")
 
         barrier()
@@ -387,7 +388,7 @@ def iters_for(args, count, nbytes):
 def mwms_worker(args):
   """One MWMS worker; TF_CONFIG is set by the parent (see run_mwms)."""
   args.rounds = 1  # one pass: the workers run alone, after the main rounds
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
   comm_opts = tf.distribute.experimental.CommunicationOptions(
     implementation=tf.distribute.experimental.CommunicationImplementation.RING)
   strategy = tf.distribute.MultiWorkerMirroredStrategy(
@@ -431,7 +432,7 @@ def mwms_worker(args):
 
 def run_mwms(args):
   """Runs two MWMS workers on localhost (gRPC); returns their results."""
-  import socket  # pylint: disable=import-outside-toplevel
+  import socket
   ports = []
   socks = []
   for _ in range(2):
@@ -610,9 +611,9 @@ def plot(results, path, meta=None):
     path: the PNG file to write.
     meta: main()'s run metadata ("size", "device"), shown in the title.
   """
-  import matplotlib  # pylint: disable=import-outside-toplevel
+  import matplotlib
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  import matplotlib.pyplot as plt
   single = [(parse_case(lab.replace(" ", ""))[1], r)
             for lab, r in results.items() if "x" not in lab]
   single.sort(key=lambda t: t[0])
@@ -724,11 +725,11 @@ def main():
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   # mpi4py first: it initialises MPI (MPI_THREAD_MULTIPLE), and the
   # mpistrategy engine then reuses the initialised MPI.
-  from mpi4py import MPI  # pylint: disable=import-outside-toplevel
+  from mpi4py import MPI
   comm = MPI.COMM_WORLD
   rank, size = comm.Get_rank(), comm.Get_size()
 
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
   device = "/CPU:0"
   if args.device == "gpu":
     gpus = tf.config.list_physical_devices("GPU")
@@ -751,7 +752,7 @@ def main():
   # thread cannot perturb the baseline) with mpistrategy ops (engine
   # running).  Load on a shared machine drifts by several times within a
   # run; ratios are taken round by round (see ratio_to_raw).
-  import mpistrategy  # pylint: disable=import-outside-toplevel
+  import mpistrategy
   rounds = []
   for case in cases:
     for _ in range(args.rounds):

@@ -40,9 +40,9 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
   sys.path.insert(0, _ROOT)
 
-import numpy as np  # pylint: disable=wrong-import-position
+import numpy as np
 
-from _mpirun import mpirun_command  # pylint: disable=wrong-import-position
+from _mpirun import mpirun_command
 
 COUNT = 200
 TENSOR_BYTES = 16 << 10
@@ -75,9 +75,9 @@ def _mpirun(np_, argv, extra_env=None, timeout=900):
 
 def _worker(args):
   """Runs inside mpirun: tune, then time start vs chosen alternately."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  import mpistrategy  # pylint: disable=import-outside-toplevel
-  from mpistrategy import ops  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
+  import mpistrategy
+  from mpistrategy import ops
 
   def restart(**fields):
     if mpistrategy.is_initialized():

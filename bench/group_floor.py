@@ -28,10 +28,10 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
   sys.path.insert(0, _ROOT)
 
-import tensorflow as tf  # pylint: disable=wrong-import-position
+import tensorflow as tf
 
-import mpistrategy  # pylint: disable=wrong-import-position
-from mpistrategy import ops  # pylint: disable=wrong-import-position
+import mpistrategy
+from mpistrategy import ops
 
 
 def _chain(body, length):

@@ -1,6 +1,6 @@
 """Horovod's synthetic benchmark through mpistrategy.horovod vs MPIStrategy.
 
-    python bench/horovod_synthetic.py                  # driver, ~3 min on 2 cores
+    python bench/horovod_synthetic.py           # driver, ~3 min on 2 cores
     python bench/horovod_synthetic.py --np 2 --rounds 2 --model MobileNetV3Small
 
 The driver launches `mpirun -np N` jobs of this script in two modes, in
@@ -65,9 +65,9 @@ def _measure(step, args):
 
 
 def _worker(args):
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tensorflow.keras import applications  # pylint: disable=g-import-not-at-top
+  import numpy as np
+  import tensorflow as tf
+  from tensorflow.keras import applications
 
   tf.keras.utils.set_random_seed(1)
   data = tf.random.uniform([args.batch_size, 224, 224, 3])
@@ -75,7 +75,7 @@ def _worker(args):
                              dtype=tf.int64)
 
   if args.worker == "horovod":
-    import mpistrategy.horovod.tensorflow as hvd  # pylint: disable=g-import-not-at-top
+    import mpistrategy.horovod.tensorflow as hvd
     hvd.init()
     model = getattr(applications, args.model)(weights=None)
     opt = tf.optimizers.SGD(0.01)
@@ -96,7 +96,7 @@ def _worker(args):
 
     rank, size = hvd.rank(), hvd.size()
   else:
-    import mpistrategy  # pylint: disable=g-import-not-at-top
+    import mpistrategy
     strategy = mpistrategy.MPIStrategy(
         compression="fp16" if args.fp16_allreduce else None)
     with strategy.scope():
@@ -144,7 +144,8 @@ def _run_job(mode, args):
   env = dict(os.environ)
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   env["CUDA_VISIBLE_DEVICES"] = ""
-  cmd = mpirun_command(args.np, argv, exports=exports + ["CUDA_VISIBLE_DEVICES"])
+  cmd = mpirun_command(args.np, argv,
+                       exports=exports + ["CUDA_VISIBLE_DEVICES"])
   out = subprocess.run(cmd, env=env, capture_output=True, text=True,
                        timeout=args.timeout, check=False)
   for line in out.stdout.splitlines():

@@ -60,8 +60,8 @@ def _patch_stock_mwms_for_keras3():
   P-K1: CollectiveAllReduceExtended._reduce_to does not map over nests.
   P-K2: Strategy.reduce(MEAN, scalar, axis=0) from Keras' per-step logs.
   """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tensorflow.python.distribute import collective_all_reduce_strategy as c  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  from tensorflow.python.distribute import collective_all_reduce_strategy as c
   ext = c.CollectiveAllReduceExtended
   orig_reduce_to = ext._reduce_to  # pylint: disable=protected-access
 
@@ -94,12 +94,12 @@ def worker(args):
     os.environ["TF_CONFIG"] = json.dumps({
         "cluster": {"worker": ["localhost:%d" % p for p in args.ports]},
         "task": {"type": "worker", "index": rank}})
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import keras  # pylint: disable=g-import-not-at-top
+  import numpy as np
+  import tensorflow as tf
+  import keras
   if args.mode == "mpi":
     sys.path.insert(0, ROOT)
-    import mpistrategy  # pylint: disable=g-import-not-at-top
+    import mpistrategy
     strategy = mpistrategy.MPIStrategy()
   elif args.mode in ("mwms", "mwms_shared"):
     _patch_stock_mwms_for_keras3()

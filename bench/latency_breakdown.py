@@ -27,7 +27,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
   sys.path.insert(0, _ROOT)
 
-import numpy as np  # pylint: disable=wrong-import-position
+import numpy as np
 
 SIZES = {"4 KB": 4 << 10, "256 KB": 256 << 10, "4 MB": 4 << 20}
 
@@ -37,10 +37,10 @@ def main():
   p.add_argument("--iters", type=int, default=300)
   args = p.parse_args()
 
-  from mpi4py import MPI  # pylint: disable=import-outside-toplevel
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  import mpistrategy  # pylint: disable=import-outside-toplevel
-  from mpistrategy import ops  # pylint: disable=import-outside-toplevel
+  from mpi4py import MPI
+  import tensorflow as tf
+  import mpistrategy
+  from mpistrategy import ops
 
   comm = MPI.COMM_WORLD
   rank = comm.Get_rank()

@@ -2,7 +2,8 @@
 
     MPISTRATEGY_TIMELINE=/tmp/trace.json mpirun -np 2 python train.py
     python bench/plot_timeline.py --trace /tmp/trace.json --out step.png
-    python bench/plot_timeline.py --trace /tmp/trace.json --out step.png --step 5
+    python bench/plot_timeline.py --trace /tmp/trace.json --out step.png \
+        --step 5
     python bench/plot_timeline.py --trace /tmp/trace.json --out w.png \\
         --start-ms 1450 --window-ms 20
 
@@ -257,10 +258,10 @@ def plot_window(spans, start_ms, end_ms, out, title=None,
   Raises:
     ValueError: when no span overlaps the window.
   """
-  import matplotlib  # pylint: disable=import-outside-toplevel
+  import matplotlib
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  from matplotlib.patches import Patch  # pylint: disable=import-outside-toplevel
+  import matplotlib.pyplot as plt
+  from matplotlib.patches import Patch
 
   margin = (end_ms - start_ms) * margin_fraction
   lo, hi = start_ms - margin, end_ms + margin

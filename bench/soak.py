@@ -41,10 +41,10 @@ def rss_kib():
 
 
 def run_keras(args, marks):
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  import keras  # pylint: disable=import-outside-toplevel
-  import mpistrategy  # pylint: disable=import-outside-toplevel
+  import numpy as np
+  import tensorflow as tf
+  import keras
+  import mpistrategy
 
   strategy = mpistrategy.MPIStrategy()
   size = mpistrategy.size()
@@ -82,10 +82,10 @@ def run_keras(args, marks):
 
 
 def run_ops(args, marks):
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  import mpistrategy  # pylint: disable=import-outside-toplevel
-  from mpistrategy import ops  # pylint: disable=import-outside-toplevel
+  import numpy as np
+  import tensorflow as tf
+  import mpistrategy
+  from mpistrategy import ops
 
   mpistrategy.init()
   rank = mpistrategy.rank()
@@ -138,9 +138,9 @@ def main():
     args.report_every = args.steps + 1
 
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  import mpistrategy  # pylint: disable=import-outside-toplevel
-  from mpistrategy import ops  # pylint: disable=import-outside-toplevel
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import mpistrategy
+  from mpistrategy import ops
+  import tensorflow as tf
 
   marks = {}
   t0 = time.time()

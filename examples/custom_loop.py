@@ -13,12 +13,12 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
-import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
-import keras  # pylint: disable=g-import-not-at-top,wrong-import-position
-from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top,wrong-import-position
+import numpy as np
+import tensorflow as tf
+import keras
+from sklearn.datasets import load_digits
 
-import mpistrategy  # pylint: disable=g-import-not-at-top,wrong-import-position
+import mpistrategy
 
 
 def main():

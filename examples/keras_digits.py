@@ -20,12 +20,12 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
-import keras  # pylint: disable=g-import-not-at-top,wrong-import-position
-from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top,wrong-import-position
-from sklearn.model_selection import train_test_split  # pylint: disable=g-import-not-at-top,wrong-import-position
+import numpy as np
+import keras
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
 
-import mpistrategy  # pylint: disable=g-import-not-at-top,wrong-import-position
+import mpistrategy
 
 
 def main():

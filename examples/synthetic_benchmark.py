@@ -17,11 +17,11 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
-import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
-import keras  # pylint: disable=g-import-not-at-top,wrong-import-position
+import numpy as np
+import tensorflow as tf
+import keras
 
-import mpistrategy  # pylint: disable=g-import-not-at-top,wrong-import-position
+import mpistrategy
 
 
 def build_model(image_size, blocks, width, classes):

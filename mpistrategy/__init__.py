@@ -31,14 +31,14 @@ _LAZY = {
     "cross_device_ops": ("mpistrategy.cross_device_ops", None),
     "MPIStrategy": ("mpistrategy.strategy", "MPIStrategy"),
     "Compression": ("mpistrategy.compression", "Compression"),
-    "init": ("mpistrategy.ops.mpi_ops", "init"),
-    "shutdown": ("mpistrategy.ops.mpi_ops", "shutdown"),
-    "is_initialized": ("mpistrategy.ops.mpi_ops", "is_initialized"),
-    "current_options": ("mpistrategy.ops.mpi_ops", "current_options"),
-    "rank": ("mpistrategy.ops.mpi_ops", "rank"),
-    "size": ("mpistrategy.ops.mpi_ops", "size"),
-    "local_rank": ("mpistrategy.ops.mpi_ops", "local_rank"),
-    "local_size": ("mpistrategy.ops.mpi_ops", "local_size"),
+    "init": ("mpistrategy.runtime", "init"),
+    "shutdown": ("mpistrategy.runtime", "shutdown"),
+    "is_initialized": ("mpistrategy.runtime", "is_initialized"),
+    "current_options": ("mpistrategy.runtime", "current_options"),
+    "rank": ("mpistrategy.runtime", "rank"),
+    "size": ("mpistrategy.runtime", "size"),
+    "local_rank": ("mpistrategy.runtime", "local_rank"),
+    "local_size": ("mpistrategy.runtime", "local_size"),
 }
 
 __all__ = ["Options", "__version__"] + sorted(_LAZY)

@@ -1,7 +1,8 @@
 """Checkpointing with the same user code as a single process.
 
-`MPIStrategy.__init__` calls `install()`.  In a multi-process run (world size
-> 1) it patches, once per process:
+`mpistrategy.compat.install()` (called by `MPIStrategy.__init__`) applies the
+patches of this module once per process, in a multi-process run (world size
+> 1) only:
 
 * **Writes** -- `tf.train.Checkpoint.write/save` (`Checkpoint._write`),
   `tf.train.CheckpointManager`, `tf.saved_model.save` (TF's
@@ -89,7 +90,7 @@ import tensorflow as tf
 
 from mpistrategy import _tf_private as _tfp
 
-_STATE = {"rank": 0, "size": 1, "scratch": None, "installed": set()}
+_STATE = {"rank": 0, "size": 1, "scratch": None}
 # Per thread: nesting depth of patched writes (only the outermost one
 # redirects or makes the write atomic), and whether reads are local.
 _LOCAL = threading.local()
@@ -634,7 +635,7 @@ def _copy_state_file(directory, mirror):
   tf.io.gfile.copy(source, os.path.join(mirror, "checkpoint"), overwrite=True)
 
 
-def _patch_tf_checkpoint():
+def patch_tf_checkpoint():
   cls = _tfp.tf_checkpoint.Checkpoint
   orig_write, orig_read = cls._write, cls.read  # pylint: disable=protected-access
 
@@ -785,7 +786,7 @@ def _patch_tf_checkpoint():
       namespace.latest_checkpoint = latest_checkpoint
 
 
-def _patch_saved_model():
+def patch_saved_model():
   # `tf.saved_model.save` and Keras' `Model.export` both end in this
   # module-level function (looked up at call time), so hooking it holds
   # whichever name the user called.
@@ -839,10 +840,10 @@ def _local_reads():
     _LOCAL.local_reads = before
 
 
-def _patch_keras_callbacks():
-  from keras.src.callbacks import backup_and_restore  # pylint: disable=g-import-not-at-top
-  from keras.src.callbacks import model_checkpoint  # pylint: disable=g-import-not-at-top
-  from keras.src.utils import file_utils  # pylint: disable=g-import-not-at-top
+def patch_keras_callbacks():
+  backup_and_restore = _tfp.keras_backup_and_restore
+  model_checkpoint = _tfp.keras_model_checkpoint
+  file_utils = _tfp.keras_file_utils
 
   bar = backup_and_restore.BackupAndRestore
   orig_begin, orig_save, orig_end = (bar.on_train_begin, bar._save_model,  # pylint: disable=protected-access
@@ -915,14 +916,14 @@ def _may_replace(filepath, args, kwargs, overwrite_index=0):
 
 def _in_mpi_strategy(model):
   """True if `model` was built under a multi-process MPIStrategy."""
-  from mpistrategy import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  # MPIStrategy's mark; importing strategy.py here would be a cycle.
   s = getattr(model, "_distribute_strategy", None)
-  return (isinstance(s, strategy_lib.MPIStrategy) and
+  return (getattr(s, "_is_mpi_strategy", False) and
           s.extended._num_workers > 1)  # pylint: disable=protected-access
 
 
-def _patch_keras_model_saving():
-  from keras.src.models import model as model_lib  # pylint: disable=g-import-not-at-top
+def patch_keras_model_saving():
+  model_lib = _tfp.keras_model
   cls = model_lib.Model
   orig_save, orig_save_weights = cls.save, cls.save_weights
 
@@ -939,7 +940,8 @@ def _patch_keras_model_saving():
         atomic=_may_replace(filepath, args, kwargs) and sharded is None,
         stage=True)
 
-  save.__doc__, save_weights.__doc__ = orig_save.__doc__, orig_save_weights.__doc__
+  save.__doc__ = orig_save.__doc__
+  save_weights.__doc__ = orig_save_weights.__doc__
   cls.save, cls.save_weights = save, save_weights
 
   orig_export = cls.export
@@ -972,7 +974,7 @@ def _patch_keras_model_saving():
 
   # The function forms, under each public name they have.
   import keras  # pylint: disable=g-import-not-at-top
-  from keras.src.saving import saving_api  # pylint: disable=g-import-not-at-top
+  saving_api = _tfp.keras_saving_api
   orig_save_model = saving_api.save_model
 
   def save_model(model, filepath, *args, **kwargs):
@@ -996,21 +998,11 @@ def _patch_keras_model_saving():
       module.load_model = load_model
 
 
-def install(rank, size):
-  """Records the MPI world and applies the patches once (idempotent).
+def set_world(rank, size):
+  """Records the MPI world that the patches of this module act for.
 
   Args:
     rank: this process' MPI rank.
-    size: the MPI world size; with 1 nothing is patched.
+    size: the MPI world size (the largest one seen is kept).
   """
   _STATE["rank"], _STATE["size"] = rank, max(_STATE["size"], size)
-  if size <= 1:
-    return
-  if "tf" not in _STATE["installed"]:
-    _patch_tf_checkpoint()
-    _patch_saved_model()
-    _STATE["installed"].add("tf")
-  if "keras" not in _STATE["installed"]:
-    _patch_keras_callbacks()
-    _patch_keras_model_saving()
-    _STATE["installed"].add("keras")

@@ -45,7 +45,7 @@ Numerics:
 * inf and nan survive the casts, so a non-finite value on any rank is
   non-finite in the result, exactly as without compression.  Keras'
   `LossScaleOptimizer` decides "finite or not" from every rank's local,
-  scaled gradients (`mpistrategy.keras_compat`) before the all-reduce and
+  scaled gradients (`mpistrategy.compat.keras`) before the all-reduce and
   then all-reduces the *unscaled* gradients, so loss scaling works
   unchanged.  Because that check comes first, an inf created by the float16
   wire itself (an unscaled gradient beyond 65504) is not caught by it and

@@ -53,11 +53,11 @@ def pin_to_local_gpu(local_rank=None, local_size=None, memory_growth=None):
   if not gpus:
     return None
   if local_rank is None or local_size is None:
-    from mpistrategy.ops import mpi_ops  # pylint: disable=g-import-not-at-top
+    from mpistrategy import runtime
     if local_rank is None:
-      local_rank = mpi_ops.local_rank()
+      local_rank = runtime.local_rank()
     if local_size is None:
-      local_size = mpi_ops.local_size()
+      local_size = runtime.local_size()
   for name, value in (("local_rank", local_rank), ("local_size", local_size)):
     if isinstance(value, bool) or not isinstance(value, int):
       raise TypeError(f"pin_to_local_gpu: {name} must be an int, got "

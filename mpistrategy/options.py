@@ -325,7 +325,8 @@ def _check_path(options, name):
 def _parse_env(variable, name, field_type, text):
   """Parses one environment override; ValueError names variable and value."""
   stripped = text.strip()
-  field_type = field_type if isinstance(field_type, str) else field_type.__name__
+  if not isinstance(field_type, str):
+    field_type = field_type.__name__
   if field_type == "bool":
     if stripped.lower() in _TRUE:
       return True

@@ -20,8 +20,11 @@ import numpy as np
 import tensorflow as tf
 
 from mpistrategy import _tf_private as _tfp
+from mpistrategy import compat
 from mpistrategy import compression as compression_lib
 from mpistrategy import gpu
+from mpistrategy import options as options_lib
+from mpistrategy import runtime
 from mpistrategy.cross_device_ops import mpi_all_reduce
 from mpistrategy.cross_device_ops import nccl_all_reduce
 
@@ -39,20 +42,16 @@ def _broadcast_initial_value(value):
   ops = _ops()
   if value.dtype in _BROADCASTABLE:
     return ops.broadcast(value, root_rank=0)
-  if value.dtype.is_integer or value.dtype.is_floating or value.dtype.is_complex:
+  dtype = value.dtype
+  if dtype.is_integer or dtype.is_floating or dtype.is_complex:
     # A broadcast copies bytes, so the bit pattern arrives unchanged.
     received = ops.broadcast(tf.bitcast(value, tf.uint8), root_rank=0)
     return tf.bitcast(received, value.dtype)
   return value
 
 
-def _runtime():
-  import mpistrategy  # pylint: disable=g-import-not-at-top
-  return mpistrategy
-
-
 def _ops():
-  from mpistrategy import ops  # pylint: disable=g-import-not-at-top
+  from mpistrategy import ops
   return ops
 
 
@@ -69,7 +68,6 @@ def _init_engine(communication_options):
   Raises:
     ValueError: if the engine already runs with different settings.
   """
-  rt = _runtime()
   overrides = {}
   if communication_options.bytes_per_pack:
     overrides["fusion_threshold_bytes"] = int(
@@ -77,18 +75,12 @@ def _init_engine(communication_options):
   if communication_options.timeout_seconds:
     overrides["stall_timeout_seconds"] = float(
         communication_options.timeout_seconds)
-  # Never restart an engine that stopped (see mpi_ops._init).
-  start = lambda opts=None: rt.ops.mpi_ops._init(opts, restart_stopped=False)  # pylint: disable=protected-access
+  # Never restarts an engine that stopped (see runtime.ensure_started).
   if not overrides:
-    start()
+    runtime.ensure_started()
     return
-  options_cls = getattr(rt, "Options", None)
-  if options_cls is None:
-    raise ValueError(
-        "CommunicationOptions(bytes_per_pack/timeout_seconds) need "
-        "mpistrategy.Options, which this build does not provide.")
-  if rt.is_initialized():
-    current = getattr(rt, "current_options", lambda: None)()
+  if runtime.is_initialized():
+    current = runtime.current_options()
     if current is None or any(
         getattr(current, k, None) != v for k, v in overrides.items()):
       raise ValueError(
@@ -99,13 +91,7 @@ def _init_engine(communication_options):
           "mpistrategy.init(mpistrategy.Options(...)) / MPISTRATEGY_* "
           "environment variables.")
     return
-  base = options_cls()
-  try:
-    import dataclasses  # pylint: disable=g-import-not-at-top
-    opts = dataclasses.replace(base, **overrides)
-  except TypeError:
-    opts = options_cls(**overrides)
-  start(opts)
+  runtime.ensure_started(options_lib.Options(**overrides))
 
 
 def _local_device():
@@ -116,7 +102,7 @@ def _local_device():
   gpu.pin_to_local_gpu()
   gpus = tf.config.list_logical_devices("GPU")
   if gpus:
-    index = _runtime().local_rank() % len(gpus)
+    index = runtime.local_rank() % len(gpus)
     return "/device:GPU:%d" % index, "GPU"
   return "/device:CPU:0", "CPU"
 
@@ -134,8 +120,7 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
                communication_options, compression=None):
     _tfp.distribute_lib.StrategyExtendedV1.__init__(self, container_strategy)
     _init_engine(communication_options)
-    rt = _runtime()
-    rank, size = rt.rank(), rt.size()
+    rank, size = runtime.rank(), runtime.size()
     device, device_type = _local_device()
 
     self._communication_options = communication_options
@@ -237,7 +222,7 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
     # does not map over nests the way `MirroredExtended._reduce_to` does.
     if tf.nest.is_nested(value):
       return tf.nest.map_structure(
-          lambda v: super(MPIExtended, self)._reduce_to(  # pylint: disable=g-long-lambda
+          lambda v: super(MPIExtended, self)._reduce_to(
               reduce_op, v, destinations, options), value)
     return super()._reduce_to(reduce_op, value, destinations, options)
 
@@ -332,7 +317,7 @@ class MPIStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     `Dataset.shuffle`) draw the same order on every rank and the
     auto-sharded batches partition the data exactly;
   * installs small, idempotent compatibility patches (see
-    `mpistrategy.keras_compat` and `mpistrategy.checkpoint`): Keras'
+    `mpistrategy.compat`, which lists them all): Keras'
     `LossScaleOptimizer` skips a step on every rank when any rank overflows;
     Keras progress bars print on rank 0 only; the moving statistics of
     non-synchronized `BatchNormalization` layers are averaged over ranks
@@ -372,6 +357,10 @@ class MPIStrategy(tf.distribute.MultiWorkerMirroredStrategy):
       or engine-wide options that conflict with an already running engine.
   """
 
+  # How mpistrategy.compat's patches recognise an MPIStrategy without
+  # importing this module.
+  _is_mpi_strategy = True
+
   def __init__(self, cross_device_ops=None, communication_options=None,
                compression=None):
     # pylint: disable=non-parent-init-called,super-init-not-called
@@ -389,9 +378,7 @@ class MPIStrategy(tf.distribute.MultiWorkerMirroredStrategy):
                           compression))
     # pylint: enable=non-parent-init-called,super-init-not-called
     rank, size = self.extended._id_in_cluster, self.extended._num_workers  # pylint: disable=protected-access
-    from mpistrategy import keras_compat, checkpoint  # pylint: disable=g-import-not-at-top
-    keras_compat.install(rank=rank, size=size)
-    checkpoint.install(rank=rank, size=size)
+    compat.install(rank=rank, size=size)
     if size > 1:
       _broadcast_seed()
 

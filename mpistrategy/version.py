@@ -17,7 +17,7 @@ TESTED_TENSORFLOW = ("2.21",)
 TESTED_KERAS = ("3.15",)
 
 # The Keras and TensorFlow internals that mpistrategy patches or reads
-# (mpistrategy/keras_compat.py, mpistrategy/checkpoint.py,
+# (the inventory in mpistrategy/compat/__init__.py, and
 # mpistrategy/_tf_private.py); a release that changes them can break it.
 PATCHED_INTERNALS = (
     "keras LossScaleOptimizer.check_finite",
@@ -65,7 +65,8 @@ def untested_versions_message(tensorflow_version, keras_version):
     internals, or None when both are in a tested series (or not installed).
   """
   found = []
-  if tensorflow_version and _series(tensorflow_version) not in TESTED_TENSORFLOW:
+  if (tensorflow_version and
+      _series(tensorflow_version) not in TESTED_TENSORFLOW):
     found.append(f"TensorFlow {tensorflow_version}")
   if keras_version and _series(keras_version) not in TESTED_KERAS:
     found.append(f"Keras {keras_version}")
@@ -77,7 +78,8 @@ def untested_versions_message(tensorflow_version, keras_version):
           f"{' and '.join(found)}. It patches these internals, which a "
           f"different release may have changed: "
           f"{'; '.join(PATCHED_INTERNALS)}. If something fails, install the "
-          f"tested versions (pip install 'tensorflow=={TESTED_TENSORFLOW[-1]}.*' "
+          "tested versions (pip install "
+          f"'tensorflow=={TESTED_TENSORFLOW[-1]}.*' "
           f"'keras=={TESTED_KERAS[-1]}.*').")
 
 

@@ -17,8 +17,8 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import tensorflow as tf  # pylint: disable=g-import-not-at-top
-from tensorflow.python.framework import kernels  # pylint: disable=g-direct-tensorflow-import,g-import-not-at-top
+import tensorflow as tf
+from tensorflow.python.framework import kernels
 
 _REQUIRED = ("float16", "bfloat16", "float32", "float64", "int64")
 _ALL = _REQUIRED + ("uint8", "int8", "bool")

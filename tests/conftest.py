@@ -65,9 +65,10 @@ def installed_package_problem():
                                                           shallow=False):
                 stale.append(os.path.relpath(source, ROOT))
     if stale:
+        listed = ", ".join(sorted(stale)[:5]) + (
+            " ..." if len(stale) > 5 else "")
         return ("the installed mpistrategy (%s) differs from the checkout in "
-                "%s: run `make install`" % (installed, ", ".join(sorted(stale)[:5])
-                                             + (" ..." if len(stale) > 5 else "")))
+                "%s: run `make install`" % (installed, listed))
     return None
 
 
@@ -99,8 +100,8 @@ def pytest_report_teststatus(report, config):
 
 def pytest_report_header(config):
     if MPI_RANK is not None:
-        return "mpi: rank %d of %s (rank 0 reports; other ranks print failures only)" % (
-            MPI_RANK, MPI_SIZE)
+        return ("mpi: rank %d of %s (rank 0 reports; other ranks print "
+                "failures only)" % (MPI_RANK, MPI_SIZE))
     return None
 
 
@@ -113,19 +114,22 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     failed = len(stats.get("failed", [])) + len(stats.get("error", []))
     tag = "[rank %d/%s]" % (MPI_RANK, MPI_SIZE)
     if failed:
-        terminalreporter.write_sep("#", "%s failures and errors of rank %d" % (tag, MPI_RANK),
-                                   red=True)
+        terminalreporter.write_sep(
+            "#", "%s failures and errors of rank %d" % (tag, MPI_RANK),
+            red=True)
     try:
         return (yield)
     finally:
         if failed:
-            terminalreporter.write_line("%s FAILED: %d failed/errors" % (tag, failed), red=True)
+            terminalreporter.write_line(
+                "%s FAILED: %d failed/errors" % (tag, failed), red=True)
         elif terminalreporter._session is not None and \
                 terminalreporter._session.testscollected == 0:
             terminalreporter.write_line("%s no tests ran" % tag, red=True)
         else:
             terminalreporter.write_line("%s ok: %d passed, %d skipped" % (
-                tag, len(stats.get("passed", [])), len(stats.get("skipped", []))))
+                tag, len(stats.get("passed", [])),
+                len(stats.get("skipped", []))))
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -133,8 +137,9 @@ def pytest_sessionfinish(session, exitstatus):
     if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED or (
             session.testscollected == 0 and exitstatus == pytest.ExitCode.OK):
         rep = session.config.pluginmanager.get_plugin("terminalreporter")
-        msg = ("ERROR: no tests ran (0 collected/selected) -- treated as a failure; "
-               "check the test paths, -k/-m filters and import errors")
+        msg = ("ERROR: no tests ran (0 collected/selected) -- treated as a "
+               "failure; check the test paths, -k/-m filters and import "
+               "errors")
         if rep is not None:
             rep.write_line(msg, red=True, bold=True)
         else:

@@ -1,5 +1,5 @@
-// C ABI for process control, called by mpistrategy/ops/mpi_ops.py through
-// ctypes.  Python loads this same library with tf.load_op_library (for the
+// C ABI for process control, called by mpistrategy/runtime.py through
+// ctypes (signatures in mpistrategy/_library.py).  Python loads this same library with tf.load_op_library (for the
 // ops) and ctypes.CDLL (for these functions); both get the same handle, so
 // the kernels and these functions share one EngineHolder.
 //
@@ -17,13 +17,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <set>
 #include <string>
+#include <system_error>
 #include <thread>
 
 #include "cc/common/common.h"
@@ -167,6 +171,147 @@ void CopyMessage(const std::string& message, char* buffer, int length) {
   buffer[n] = '\0';
 }
 
+// The text mpistrategy_init receives: "key=value" entries, each ended by a
+// NUL byte (a path cannot contain one).  `kConfigFields` is the one table
+// from keys to EngineConfig fields; a key not given keeps its default.
+// Ranges are checked afterwards by EngineConfig::Validate.
+
+// std::from_chars: locale-independent (a program may set LC_NUMERIC).
+Status ParseInt64(const std::string& key, const std::string& text,
+                  int64_t* out) {
+  const char* end = text.data() + text.size();
+  const std::from_chars_result result =
+      std::from_chars(text.data(), end, *out);
+  if (text.empty() || result.ec != std::errc() || result.ptr != end) {
+    return Status::InvalidArgument("configuration value " + key +
+                                   " must be a decimal integer, got '" +
+                                   text + "'");
+  }
+  return Status::Ok();
+}
+
+Status ParseInt32(const std::string& key, const std::string& text,
+                  int32_t* out) {
+  int64_t value = 0;
+  MPISTRATEGY_RETURN_IF_ERROR(ParseInt64(key, text, &value));
+  if (value < INT32_MIN || value > INT32_MAX) {
+    return Status::InvalidArgument("configuration value " + key +
+                                   " must fit in 32 bits, got " + text);
+  }
+  *out = static_cast<int32_t>(value);
+  return Status::Ok();
+}
+
+Status ParseDouble(const std::string& key, const std::string& text,
+                   double* out) {
+  const char* end = text.data() + text.size();
+  const std::from_chars_result result =
+      std::from_chars(text.data(), end, *out);
+  if (text.empty() || result.ec != std::errc() || result.ptr != end) {
+    return Status::InvalidArgument("configuration value " + key +
+                                   " must be a number, got '" + text + "'");
+  }
+  return Status::Ok();
+}
+
+Status ParseBool(const std::string& key, const std::string& text, bool* out) {
+  if (text != "0" && text != "1") {
+    return Status::InvalidArgument("configuration value " + key +
+                                   " must be 0 or 1, got '" + text + "'");
+  }
+  *out = text == "1";
+  return Status::Ok();
+}
+
+struct ConfigField {
+  const char* key;  // mpistrategy.Options' field name
+  Status (*set)(const std::string& key, const std::string& text,
+                EngineConfig* config);
+};
+
+const ConfigField kConfigFields[] = {
+    {"fusion_threshold_bytes",
+     [](const std::string& k, const std::string& t, EngineConfig* c) {
+       return ParseInt64(k, t, &c->fusion_threshold_bytes);
+     }},
+    {"cycle_time_ms",
+     [](const std::string& k, const std::string& t, EngineConfig* c) {
+       return ParseDouble(k, t, &c->cycle_time_ms);
+     }},
+    {"fusion_wait_ms",
+     [](const std::string& k, const std::string& t, EngineConfig* c) {
+       return ParseDouble(k, t, &c->fusion_wait_ms);
+     }},
+    {"autotune",
+     [](const std::string& k, const std::string& t, EngineConfig* c) {
+       return ParseBool(k, t, &c->autotune);
+     }},
+    {"autotune_log",
+     [](const std::string&, const std::string& t, EngineConfig* c) {
+       c->autotune_log = t;
+       return Status::Ok();
+     }},
+    {"cache_capacity",
+     [](const std::string& k, const std::string& t, EngineConfig* c) {
+       return ParseInt32(k, t, &c->cache_capacity);
+     }},
+    {"stall_warning_seconds",
+     [](const std::string& k, const std::string& t, EngineConfig* c) {
+       return ParseDouble(k, t, &c->stall_warning_seconds);
+     }},
+    {"stall_timeout_seconds",
+     [](const std::string& k, const std::string& t, EngineConfig* c) {
+       return ParseDouble(k, t, &c->stall_timeout_seconds);
+     }},
+    {"peer_timeout_seconds",
+     [](const std::string& k, const std::string& t, EngineConfig* c) {
+       return ParseDouble(k, t, &c->peer_timeout_seconds);
+     }},
+    {"timeline",
+     [](const std::string&, const std::string& t, EngineConfig* c) {
+       c->timeline_path = t;
+       return Status::Ok();
+     }},
+    {"hierarchical_allreduce",
+     [](const std::string& k, const std::string& t, EngineConfig* c) {
+       return ParseBool(k, t, &c->hierarchical_allreduce);
+     }},
+};
+
+// Fills `config` from `length` bytes of "key=value\0" entries.  Unknown and
+// repeated keys are errors (a misspelt key would otherwise be ignored).
+Status ParseConfig(const char* text, size_t length, EngineConfig* config) {
+  std::set<std::string> seen;
+  size_t start = 0;
+  while (start < length) {
+    const char* entry_begin = text + start;
+    const size_t entry_length = strnlen(entry_begin, length - start);
+    const std::string entry(entry_begin, entry_length);
+    start += entry_length + 1;
+    const size_t equals = entry.find('=');
+    if (equals == std::string::npos) {
+      return Status::InvalidArgument(
+          "configuration entry '" + entry + "' is not key=value");
+    }
+    const std::string key = entry.substr(0, equals);
+    const std::string value = entry.substr(equals + 1);
+    const ConfigField* field = nullptr;
+    for (const ConfigField& candidate : kConfigFields) {
+      if (key == candidate.key) field = &candidate;
+    }
+    if (field == nullptr) {
+      return Status::InvalidArgument("unknown configuration key '" + key +
+                                     "'");
+    }
+    if (!seen.insert(key).second) {
+      return Status::InvalidArgument("configuration key '" + key +
+                                     "' is given twice");
+    }
+    MPISTRATEGY_RETURN_IF_ERROR(field->set(key, value, config));
+  }
+  return Status::Ok();
+}
+
 // A property of the running engine, or -1 when not initialized.
 template <typename Getter>
 int EngineProperty(Getter getter) {
@@ -179,32 +324,24 @@ int EngineProperty(Getter getter) {
 
 extern "C" {
 
-// Starts the engine over MPI_COMM_WORLD (initializing MPI if needed).  The
-// arguments are the fields of mpistrategy::EngineConfig; `timeline_path` and
-// `autotune_log` may be null or empty.  Returns 0 on success, else a StatusCode (common.h) with
-// the message copied (NUL-terminated, truncated to error_len) to error_buf.
-// A second call with the same configuration is a no-op.
-int mpistrategy_init(int64_t fusion_threshold_bytes, double cycle_time_ms,
-                     double fusion_wait_ms, int autotune,
-                     const char* autotune_log,
-                     int32_t cache_capacity, double stall_warning_seconds,
-                     double stall_timeout_seconds,
-                     double peer_timeout_seconds, const char* timeline_path,
-                     int hierarchical_allreduce, char* error_buf,
-                     int error_len) {
+// Starts the engine over MPI_COMM_WORLD (initializing MPI if needed).
+// `config` holds `config_length` bytes of "key=value" entries, each ended by
+// a NUL byte; the keys are mpistrategy.Options' field names (see
+// kConfigFields) and a key not given keeps EngineConfig's default.  Returns
+// 0 on success, else a StatusCode (common.h) with the message copied
+// (NUL-terminated, truncated to error_len) to error_buf.  A second call with
+// the same configuration is a no-op.
+int mpistrategy_init(const char* config_text, size_t config_length,
+                     char* error_buf, int error_len) {
   mpistrategy::EngineConfig config;
-  config.fusion_threshold_bytes = fusion_threshold_bytes;
-  config.cycle_time_ms = cycle_time_ms;
-  config.fusion_wait_ms = fusion_wait_ms;
-  config.autotune = autotune != 0;
-  config.autotune_log = autotune_log == nullptr ? "" : autotune_log;
-  config.cache_capacity = cache_capacity;
-  config.stall_warning_seconds = stall_warning_seconds;
-  config.stall_timeout_seconds = stall_timeout_seconds;
-  config.peer_timeout_seconds = peer_timeout_seconds;
-  config.timeline_path = timeline_path == nullptr ? "" : timeline_path;
-  config.hierarchical_allreduce = hierarchical_allreduce != 0;
-  const mpistrategy::Status status = mpistrategy::EngineHolder::Instance().Init(
+  mpistrategy::Status status = mpistrategy::ParseConfig(
+      config_text == nullptr ? "" : config_text,
+      config_text == nullptr ? 0 : config_length, &config);
+  if (!status.ok()) {
+    mpistrategy::CopyMessage(status.message(), error_buf, error_len);
+    return static_cast<int>(status.code());
+  }
+  status = mpistrategy::EngineHolder::Instance().Init(
       config, mpistrategy::CreateWorldTransport,
       mpistrategy::EndJobAfterPeerTimeout);
   mpistrategy::CopyMessage(status.message(), error_buf, error_len);

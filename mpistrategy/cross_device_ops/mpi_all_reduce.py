@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from mpistrategy import _tf_private as _tfp
 from mpistrategy import compression as compression_lib
+from mpistrategy import runtime
 
 _ReduceOp = tf.distribute.ReduceOp
 
@@ -11,13 +12,8 @@ _ReduceOp = tf.distribute.ReduceOp
 def _ops():
   # Imported lazily so that `import mpistrategy.cross_device_ops` does not load
   # the custom-op library (and so tests can inject a stand-in module).
-  from mpistrategy import ops  # pylint: disable=g-import-not-at-top
+  from mpistrategy import ops
   return ops
-
-
-def _runtime():
-  import mpistrategy  # pylint: disable=g-import-not-at-top
-  return mpistrategy
 
 
 def validate_communication_options(options, where):
@@ -106,9 +102,8 @@ class MPIAllReduce(_tfp.CrossDeviceOps):
           "NcclAllReduce (GPU tensors and the CUDA build).")
     self._options = options
     self._compression = compression_lib.get(compression, "MPIAllReduce")
-    rt = _runtime()
-    rt.ops.mpi_ops._init(None, restart_stopped=False)  # pylint: disable=protected-access
-    self._world_size = rt.size()
+    runtime.ensure_started()
+    self._world_size = runtime.size()
 
   @property
   def compression(self):

@@ -3,6 +3,7 @@
 import tensorflow as tf
 
 from mpistrategy import compression as compression_lib
+from mpistrategy import runtime
 from mpistrategy.cross_device_ops import mpi_all_reduce
 
 
@@ -40,7 +41,7 @@ class NcclAllReduce(mpi_all_reduce.MPIAllReduce):
       raise ValueError(
           "NcclAllReduce needs GPU tensors and the CUDA build of mpistrategy; "
           "no GPU is visible to this process. Use MPIAllReduce on CPUs.")
-    from mpistrategy import ops  # pylint: disable=g-import-not-at-top
+    from mpistrategy import ops
     if not getattr(ops, "built_with_cuda", lambda: False)():
       raise NotImplementedError(
           "NcclAllReduce needs GPU tensors and the CUDA build of "
@@ -52,9 +53,8 @@ class NcclAllReduce(mpi_all_reduce.MPIAllReduce):
     tf.distribute.CrossDeviceOps.__init__(self)
     self._options = options
     self._compression = compressor
-    rt = mpi_all_reduce._runtime()  # pylint: disable=protected-access
-    rt.ops.mpi_ops._init(None, restart_stopped=False)  # pylint: disable=protected-access
-    self._world_size = rt.size()
+    runtime.ensure_started()
+    self._world_size = runtime.size()
 
   def _check_call_options(self, options):
     if options is None:

@@ -6,33 +6,36 @@ total = ops.allreduce(tf.constant([1.0, 2.0]), op=ops.Sum)
 rows = ops.allgather(tf.ones([mpistrategy.rank() + 1, 3]))
 ```
 
-The op library (`_mpi_ops.so`) is loaded on first use; see `mpi_ops` for
-the naming rules that pair collectives across ranks.
+The op library (`_mpi_ops.so`) is loaded on first use.  The collectives are
+in `collectives`, their gradients in `gradients` (registered by importing
+this package), the rules that pair them across ranks in `_naming`; process
+control (`init`, `rank`, ...) is re-exported from `mpistrategy.runtime`.
 """
 
-from mpistrategy.ops.mpi_ops import allgather
-from mpistrategy.ops.mpi_ops import allreduce
-from mpistrategy.ops.mpi_ops import alltoall
-from mpistrategy.ops.mpi_ops import Average
-from mpistrategy.ops.mpi_ops import barrier
-from mpistrategy.ops.mpi_ops import broadcast
-from mpistrategy.ops.mpi_ops import built_with_cuda
-from mpistrategy.ops.mpi_ops import built_with_nccl
-from mpistrategy.ops.mpi_ops import current_options
-from mpistrategy.ops.mpi_ops import grouped_allreduce
-from mpistrategy.ops.mpi_ops import init
-from mpistrategy.ops.mpi_ops import is_initialized
-from mpistrategy.ops.mpi_ops import local_rank
-from mpistrategy.ops.mpi_ops import local_size
-from mpistrategy.ops.mpi_ops import Max
-from mpistrategy.ops.mpi_ops import Mean
-from mpistrategy.ops.mpi_ops import Min
-from mpistrategy.ops.mpi_ops import mpi_threads_supported
-from mpistrategy.ops.mpi_ops import Product
-from mpistrategy.ops.mpi_ops import rank
-from mpistrategy.ops.mpi_ops import reducescatter
-from mpistrategy.ops.mpi_ops import ReduceOp
-from mpistrategy.ops.mpi_ops import shutdown
-from mpistrategy.ops.mpi_ops import size
-from mpistrategy.ops.mpi_ops import Sum
-from mpistrategy.ops.mpi_ops import tuned_parameters
+from mpistrategy.ops.collectives import allgather
+from mpistrategy.ops.collectives import allreduce
+from mpistrategy.ops.collectives import alltoall
+from mpistrategy.ops.collectives import Average
+from mpistrategy.ops.collectives import barrier
+from mpistrategy.ops.collectives import broadcast
+from mpistrategy.ops.collectives import grouped_allreduce
+from mpistrategy.ops.collectives import Max
+from mpistrategy.ops.collectives import Mean
+from mpistrategy.ops.collectives import Min
+from mpistrategy.ops.collectives import Product
+from mpistrategy.ops.collectives import reducescatter
+from mpistrategy.ops.collectives import ReduceOp
+from mpistrategy.ops.collectives import Sum
+from mpistrategy.ops import gradients  # registers the gradients
+from mpistrategy.runtime import built_with_cuda
+from mpistrategy.runtime import built_with_nccl
+from mpistrategy.runtime import current_options
+from mpistrategy.runtime import init
+from mpistrategy.runtime import is_initialized
+from mpistrategy.runtime import local_rank
+from mpistrategy.runtime import local_size
+from mpistrategy.runtime import mpi_threads_supported
+from mpistrategy.runtime import rank
+from mpistrategy.runtime import shutdown
+from mpistrategy.runtime import size
+from mpistrategy.runtime import tuned_parameters

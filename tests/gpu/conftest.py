@@ -26,7 +26,7 @@ def skip_reason():
     return ("no GPU visible to TensorFlow (needs an NVIDIA GPU, its driver "
             "and tensorflow[and-cuda])")
   try:
-    from mpistrategy import ops  # pylint: disable=g-import-not-at-top
+    from mpistrategy import ops
     if not ops.built_with_cuda():
       return ("the op library has no GPU kernels: build it with `bazel build "
               "--config=cuda //cc:_mpi_ops.so` and copy it to "
@@ -58,8 +58,8 @@ class World:
 @pytest.fixture(scope="session")
 def world():
   """Initializes mpistrategy and pins this process to its local GPU."""
-  import mpistrategy  # pylint: disable=g-import-not-at-top
-  from mpistrategy import gpu  # pylint: disable=g-import-not-at-top
+  import mpistrategy
+  from mpistrategy import gpu
   mpistrategy.init()
   device = gpu.pin_to_local_gpu()
   return World(mpistrategy.rank(), mpistrategy.size(), device)

@@ -201,7 +201,7 @@ def mpirun_available():
 
 
 @pytest.fixture(scope="session")
-def launch(mpirun_available):  # pylint: disable=redefined-outer-name
+def launch(mpirun_available):
   """`launch(script, np=2, env=None, args=(), timeout=120, mpi=True)`.
 
   Returns a `Job`; see `run_job`.

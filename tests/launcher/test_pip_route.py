@@ -28,7 +28,7 @@ _SCRIPT = """
 import tensorflow as tf
 import mpistrategy
 from mpistrategy import ops
-from mpistrategy.ops import _library
+from mpistrategy import _library
 
 rank = mpistrategy.rank()
 total = ops.allreduce(tf.fill([3], float(rank + 1)), name="pip-route")
@@ -62,7 +62,7 @@ def _sources_in_bazel_list():
   """The .cc files cc/sources.bzl lists, as paths relative to the root."""
   sys.path.insert(0, ROOT)
   try:
-    import setup as setup_py  # pylint: disable=import-outside-toplevel
+    import setup as setup_py
   finally:
     sys.path.remove(ROOT)
   return setup_py._sources()  # pylint: disable=protected-access
@@ -107,6 +107,9 @@ def test_sdist_installs_with_build_isolation_and_runs_two_ranks(tmp_path):
   (work / "train.py").write_text(textwrap.dedent(_SCRIPT))
   marker = f"pip-route-{os.getpid()}-{int(time.time())}"
   job_env = clean_env({"TF_CPP_MIN_LOG_LEVEL": "2"})
+  # The job must import the fresh venv's copy, not a private install that
+  # the caller named (make test sets no PYTHONPATH).
+  job_env.pop("PYTHONPATH", None)
   job_env["PATH"] = f"{venv / 'bin'}{os.pathsep}{job_env.get('PATH', '')}"
   proc = subprocess.run(
       ["timeout", "-k", "10", "180", str(venv / "bin" / "mpistrategyrun"),

@@ -33,8 +33,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "launcher"))
 sys.path.insert(0, HERE)
 
-from _job_env import clean_env  # pylint: disable=g-import-not-at-top,wrong-import-position
-import hosts as hosts_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from _job_env import clean_env
+import hosts as hosts_lib
 
 SCRIPT = os.path.join(HERE, "scripts", "mh_rank.py")
 PYTHON = os.environ.get("PYTHON") or (
@@ -255,7 +255,7 @@ def cluster():
       _SKIP_REASON.append(reason)
     pytest.skip(f"MULTI-HOST TESTS SKIPPED: {reason}")
   hosts = hosts_lib.SimulatedHosts(HOSTS)
-  import atexit  # pylint: disable=g-import-not-at-top
+  import atexit
   atexit.register(hosts.down)
   hosts.up()
   try:
@@ -296,7 +296,7 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.fixture
-def mpirun_job(cluster):  # pylint: disable=redefined-outer-name
+def mpirun_job(cluster):
   """`mpirun_job(script_args, hosts=..., np=4, env=None, timeout=150)`.
 
   Starts `mpirun -H hosts -np np python mh_rank.py script_args` on hosta,
@@ -325,7 +325,7 @@ def mpirun_job(cluster):  # pylint: disable=redefined-outer-name
 
 
 @pytest.fixture
-def launcher_job(cluster):  # pylint: disable=redefined-outer-name
+def launcher_job(cluster):
   """`launcher_job(launcher_args, script_args, timeout=150)`.
 
   Starts `python -m mpistrategy.run LAUNCHER_ARGS mh_rank.py SCRIPT_ARGS` on

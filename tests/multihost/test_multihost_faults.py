@@ -39,7 +39,8 @@ VICTIM = 2                 # the first rank on hostb
 PEER_TIMEOUT = 10.0        # MPISTRATEGY_PEER_TIMEOUT_SECONDS
 STOP_MARGIN = 10.0         # everything gone within deadline + this
 KILL_LIMIT = 10.0          # kill -9: job over and hosts empty within this
-START_TIMEOUT = 240        # TF start-up on 4 ranks (loaded 2 cores) until PROGRESS
+# TF start-up on 4 ranks (loaded 2 cores) until PROGRESS.
+START_TIMEOUT = 240
 GRACE = 5.0                # hard kill this long after a limit was missed
 TRAIN_SECONDS = 60.0       # long enough that no fault lands after the end
 

@@ -15,7 +15,8 @@ import pytest
 from conftest import describe_hosts
 
 SIZE = 4
-TIMEOUT = 300   # the whole job, TF start-up on 4 ranks included (loaded 2 cores)
+# The whole job, TF start-up on 4 ranks included (loaded 2 cores).
+TIMEOUT = 300
 _JOB = {}
 
 

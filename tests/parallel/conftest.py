@@ -18,7 +18,7 @@ def strategy():
 
 
 @pytest.fixture()
-def workdir(strategy, request):  # pylint: disable=redefined-outer-name
+def workdir(strategy, request):
   """One directory, the same path on every rank (rank 0 creates/cleans it)."""
   del strategy  # started first: the broadcast below needs the engine
   name = ops.broadcast(tf.constant(

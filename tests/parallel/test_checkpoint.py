@@ -174,7 +174,8 @@ def test_backup_and_restore_resumes_everywhere(strategy, workdir):
 def test_tf_train_checkpoint_with_sync_on_read(strategy, workdir):
   with strategy.scope():
     v = tf.Variable([1.0, 2.0])
-    counter = tf.Variable(0.0, synchronization=tf.VariableSynchronization.ON_READ,
+    counter = tf.Variable(0.0,
+                          synchronization=tf.VariableSynchronization.ON_READ,
                           aggregation=tf.VariableAggregation.SUM)
     m = _model(strategy)
 
@@ -235,8 +236,8 @@ def test_tf_train_checkpoint_with_sync_on_read(strategy, workdir):
   v.assign([9.0, 9.0])
   mgr.save()
   ops.barrier()
-  assert sorted(os.listdir(mdir)) == ["checkpoint", "ckpt-3.data-00000-of-00001",
-                                      "ckpt-3.index"]
+  assert sorted(os.listdir(mdir)) == [
+      "checkpoint", "ckpt-3.data-00000-of-00001", "ckpt-3.index"]
   v.assign([float(R), 0.0])
   mgr2 = tf.train.CheckpointManager(ckpt, mdir, max_to_keep=1)
   restored = mgr2.restore_or_initialize()

@@ -283,7 +283,7 @@ PER_REPLICA_BATCH = 32
 
 @pytest.fixture(scope="module")
 def digits():
-  from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
+  from sklearn.datasets import load_digits
   x, y = load_digits(return_X_y=True)
   x = (x[:N_SAMPLES] / 16.0).astype(np.float32)
   return x, y[:N_SAMPLES].astype(np.int32)

@@ -273,7 +273,7 @@ def test_broadcast_and_allgather_objects():
   assert everyone == [{"r": r, "s": "x" * r} for r in range(SIZE)]
 
 
-# --- alltoall, reducescatter, barrier -------------------------------------------
+# --- alltoall, reducescatter, barrier ----------------------------------------
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -354,7 +354,7 @@ def test_unsupported_features_raise():
       (hvd.elastic.TensorFlowKerasState, (None,), "elastic"),
       (hvd.init, (None, [hvd.ProcessSet([0])]), "process sets"),
   ]
-  import mpistrategy.horovod as horovod  # pylint: disable=g-import-not-at-top
+  import mpistrategy.horovod as horovod
   cases.append((horovod.run, (lambda: None,), "mpirun"))
   for fn, args, words in cases:
     with pytest.raises(NotImplementedError, match=words):
@@ -458,7 +458,7 @@ def test_partial_gradient_tape_keeps_local_layers_local():
                              x.numpy()[0] / SIZE)
 
 
-# --- DistributedOptimizer (custom loop) ----------------------------------------
+# --- DistributedOptimizer (custom loop) --------------------------------------
 
 
 @pytest.mark.parametrize("mode", MODES)

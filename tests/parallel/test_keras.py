@@ -11,7 +11,6 @@ model's initial weights (which are rank 0's, broadcast by the strategy).
 """
 
 import hashlib
-import os
 
 import numpy as np
 import pytest
@@ -33,7 +32,7 @@ def strategy():
 
 @pytest.fixture(scope="module")
 def digits():
-  from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
+  from sklearn.datasets import load_digits
   x, y = load_digits(return_X_y=True)
   x = (x / 16.0).astype(np.float32)
   y = y.astype(np.int32)
@@ -89,7 +88,8 @@ def _assert_close(got, want, what, rel=1e-5):
     g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
     err = np.max(np.abs(g - w)) if g.size else 0.0
     scale = max(1.0, float(np.max(np.abs(w))) if w.size else 1.0)
-    assert err <= rel * scale, f"{what}[{i}]: max|diff| {err:g} > {rel}*{scale:g}"
+    assert err <= rel * scale, (
+        f"{what}[{i}]: max|diff| {err:g} > {rel}*{scale:g}")
 
 
 def _weights_and_slots(model):
@@ -243,7 +243,9 @@ def test_sparse_embedding_gradients(strategy):
 @pytest.mark.timeout(300)
 def test_synchronized_batch_norm_agrees(strategy, digits):
   """BatchNormalization(synchronized=True): global statistics everywhere."""
-  build = lambda: _mlp([keras.layers.BatchNormalization(synchronized=True)])
+  def build():
+    return _mlp([keras.layers.BatchNormalization(synchronized=True)])
+
   model, ref, _, _, _, _, _ = _fit_pair(strategy, digits, 1, "sgd",
                                         build=build, epochs=1)
   _assert_bit_identical_across_ranks(_weights_and_slots(model),

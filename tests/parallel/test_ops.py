@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import mpistrategy
 from mpistrategy import ops
-from mpistrategy.ops import mpi_ops
+from mpistrategy.ops import collectives
 
 # From the launcher, so that collecting this module starts nothing; the
 # fixture below initializes mpistrategy and test_rank_and_size_match_mpirun
@@ -172,8 +172,8 @@ def test_allreduce_8_bit_sums_wrap_like_numpy(dtype, count):
   value = 100 if dtype == tf.int8 else 200
   x = tf.fill([count], tf.constant(value, dtype))
   want = (np.full([count], value, np.int64) * SIZE).astype(dtype.as_numpy_dtype)
-  for y in (ops.allreduce(x, name=f"wrap/{dtype.name}/{count}"),
-            ops.grouped_allreduce([x, x], name=f"wrap/g/{dtype.name}/{count}")[1]):
+  grouped = ops.grouped_allreduce([x, x], name=f"wrap/g/{dtype.name}/{count}")
+  for y in (ops.allreduce(x, name=f"wrap/{dtype.name}/{count}"), grouped[1]):
     np.testing.assert_array_equal(y.numpy(), want)
 
 
@@ -283,7 +283,7 @@ def test_grouped_allreduce_odd_sizes_and_mixed_dtypes(mode, pack):
     if pack:
       ys = ops.grouped_allreduce(list(t), name=f"grouped/odd/{mode}")
     else:
-      ys = mpi_ops._grouped_allreduce_unpacked(  # pylint: disable=protected-access
+      ys = collectives._grouped_allreduce_unpacked(  # pylint: disable=protected-access
           list(t), f"grouped/odd/{mode}/each")
     # The outputs feed ordinary kernels (which may assume alignment).
     return [y * tf.cast(2, y.dtype) for y in ys]

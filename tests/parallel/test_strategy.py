@@ -37,7 +37,8 @@ def _same_everywhere(arrays):
 
 def test_basics(strategy):
   assert isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-  assert isinstance(strategy, tf.distribute.experimental.MultiWorkerMirroredStrategy)
+  assert isinstance(strategy,
+                    tf.distribute.experimental.MultiWorkerMirroredStrategy)
   assert strategy.num_replicas_in_sync == N
   assert strategy.extended._in_multi_worker_mode() == (N > 1)
   assert strategy.extended.should_checkpoint == (R == 0)
@@ -171,7 +172,8 @@ def test_distribute_dataset_shards_per_rank(strategy):
 
   def dataset_fn(ctx):
     contexts.append((ctx.num_input_pipelines, ctx.input_pipeline_id,
-                     ctx.num_replicas_in_sync, ctx.get_per_replica_batch_size(gbs)))
+                     ctx.num_replicas_in_sync,
+                     ctx.get_per_replica_batch_size(gbs)))
     return tf.data.Dataset.range(8 * N).shard(
         ctx.num_input_pipelines, ctx.input_pipeline_id).batch(4)
 
@@ -237,7 +239,7 @@ def test_mirrored_assign_in_replica_context(strategy):
 
 @pytest.mark.timeout(300)
 def test_custom_training_loop_matches_single_process(strategy):
-  from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
+  from sklearn.datasets import load_digits
   x, y = load_digits(return_X_y=True)
   n = 384
   x, y = (x[:n] / 16.0).astype(np.float32), y[:n].astype(np.int32)

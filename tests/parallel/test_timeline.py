@@ -23,7 +23,7 @@ import tensorflow as tf
 
 import mpistrategy
 from mpistrategy import ops
-from mpistrategy.ops import mpi_ops
+from mpistrategy.ops import collectives
 
 RANK = int(os.environ.get("OMPI_COMM_WORLD_RANK",
                           os.environ.get("PMI_RANK", "0")))
@@ -88,7 +88,7 @@ def _run_with_timeline(timeline, iterations):
       # pack=False: one engine entry per tensor, fused by the engine (what
       # the MEMCPY_*_FUSION_BUFFER spans show).  grouped_allreduce packs
       # the group itself: one row, no fusion-buffer copies.
-      fused = mpi_ops._grouped_allreduce_unpacked(xs, "tl/grouped")  # pylint: disable=protected-access
+      fused = collectives._grouped_allreduce_unpacked(xs, "tl/grouped")  # pylint: disable=protected-access
       # int32: no other allreduce here has that dtype, so the packed
       # buffer is never fused with another entry.
       packed = ops.grouped_allreduce([tf.cast(x, tf.int32) for x in xs],
@@ -251,10 +251,10 @@ def test_a_rank_that_cannot_create_the_file_fails_every_rank(shared_dir):
       mpistrategy.init(mpistrategy.Options(timeline=missing))
       # Once the engine has stopped, what MPIStrategy() does next must not
       # start a new one (that would wait for rank 0 forever).
-      from mpistrategy.cross_device_ops import MPIAllReduce  # pylint: disable=g-import-not-at-top
-      from mpistrategy.ops import mpi_ops  # pylint: disable=g-import-not-at-top
+      from mpistrategy.cross_device_ops import MPIAllReduce
+      from mpistrategy import _library
       deadline = time.monotonic() + 30
-      while (not mpi_ops._lib().c.mpistrategy_engine_stopped() and  # pylint: disable=protected-access
+      while (not _library.load().c.mpistrategy_engine_stopped() and
              time.monotonic() < deadline):
         time.sleep(0.01)
       MPIAllReduce()

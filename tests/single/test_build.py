@@ -13,7 +13,8 @@ import textwrap
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 LIB = os.path.join(ROOT, "mpistrategy", "ops", "_mpi_ops.so")
 CUDA_LIB = os.path.join(ROOT, "build", "cuda", "_mpi_ops.so")
 
@@ -84,8 +85,10 @@ def test_every_op_has_a_cpu_kernel_and_no_gpu_kernel(cpu_lib):
     # mpistrategy/ops/_mpi_ops.so must stay the CPU build (make build-cuda
     # writes the GPU variant to build/cuda/ only).
     for name, devices in cpu_lib["devices"].items():
-        assert "GPU" not in devices, "%s has a GPU kernel in the CPU build" % name
-        assert "CPU" in devices, "%s has no CPU kernel (devices: %s)" % (name, devices)
+        assert "GPU" not in devices, (
+            "%s has a GPU kernel in the CPU build" % name)
+        assert "CPU" in devices, (
+            "%s has no CPU kernel (devices: %s)" % (name, devices))
 
 
 def test_library_links_only_tf_and_mpi():
@@ -95,8 +98,10 @@ def test_library_links_only_tf_and_mpi():
     assert readelf, "readelf (binutils) not found"
     out = subprocess.run([readelf, "-d", LIB], capture_output=True, text=True,
                          check=True).stdout
-    needed = [l.split("[", 1)[1].rstrip("]") for l in out.splitlines() if "(NEEDED)" in l]
-    assert any(n.startswith("libtensorflow_framework.so") for n in needed), needed
+    needed = [l.split("[", 1)[1].rstrip("]") for l in out.splitlines()
+              if "(NEEDED)" in l]
+    assert any(n.startswith("libtensorflow_framework.so")
+               for n in needed), needed
     assert any(n.startswith("libmpi.so") for n in needed), needed
     assert not [n for n in needed if "cuda" in n or "nccl" in n], needed
 
@@ -105,10 +110,12 @@ def test_cuda_build_registers_gpu_kernels_if_built():
     """`make build-cuda` output, when present, loads on a CPU-only machine."""
     if not os.path.isfile(CUDA_LIB):
         # `make test` always builds it first; in CI a missing file is a failure.
-        assert not os.environ.get("CI"), "%s is missing (make build-cuda)" % CUDA_LIB
+        assert not os.environ.get("CI"), (
+            "%s is missing (make build-cuda)" % CUDA_LIB)
         pytest.skip("no %s (built by `make build-cuda`)" % CUDA_LIB)
     info = _probe(CUDA_LIB)
-    assert all(name.startswith("MpiStrategy") for name in info["ops"]), info["ops"]
+    assert all(name.startswith("MpiStrategy")
+               for name in info["ops"]), info["ops"]
     assert any("GPU" in d for d in info["devices"].values()), (
         "the CUDA build registers no GPU kernel: %s" % info["devices"])
 
@@ -134,7 +141,8 @@ def test_cc_test_main_fails_on_failures_and_on_no_tests(tmp_path):
                     os.path.join(ROOT, "cc", "testing", "gtest_main.cc"),
                     "-o", str(exe), "-lgtest", "-pthread"], check=True,
                    timeout=300)
-    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([str(exe)], capture_output=True, text=True,
+                          timeout=60)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     assert "sample_test.cc:6: Failure" in out and "extra context" in out, out

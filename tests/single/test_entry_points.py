@@ -10,37 +10,37 @@ import pytest
 import tensorflow as tf
 
 import mpistrategy
-from mpistrategy.ops import mpi_ops
+from mpistrategy.ops import _naming
 
 
 def test_default_names_start_with_the_entry_stack():
-  assert mpi_ops.entry_points() == ()
-  assert mpi_ops._tensor_name(None, "allreduce") == "eager/allreduce"
-  with mpi_ops.entry_point("Model.fit"):
-    with mpi_ops.entry_point("Model.fit"):  # super().fit(): recorded once
-      with mpi_ops.entry_point("Model.evaluate"):
-        assert mpi_ops.entry_points() == ("Model.fit", "Model.evaluate")
-        assert mpi_ops._tensor_name(None, "allreduce") == (
+  assert _naming.entry_points() == ()
+  assert _naming.tensor_name(None, "allreduce") == "eager/allreduce"
+  with _naming.entry_point("Model.fit"):
+    with _naming.entry_point("Model.fit"):  # super().fit(): recorded once
+      with _naming.entry_point("Model.evaluate"):
+        assert _naming.entry_points() == ("Model.fit", "Model.evaluate")
+        assert _naming.tensor_name(None, "allreduce") == (
             "Model.fit/Model.evaluate/eager/allreduce")
         # An explicit name is used as it is.
-        assert mpi_ops._tensor_name("mine", "allreduce") == "mine"
+        assert _naming.tensor_name("mine", "allreduce") == "mine"
 
         @tf.function
         def traced():
-          return tf.constant(mpi_ops._tensor_name(None, "allgather"))
+          return tf.constant(_naming.tensor_name(None, "allgather"))
 
         name = traced().numpy().decode()
         assert name.startswith("Model.fit/Model.evaluate/traced/"), name
-      assert mpi_ops.entry_points() == ("Model.fit",)
-    assert mpi_ops.entry_points() == ("Model.fit",)
-  assert mpi_ops.entry_points() == ()
+      assert _naming.entry_points() == ("Model.fit",)
+    assert _naming.entry_points() == ("Model.fit",)
+  assert _naming.entry_points() == ()
 
 
 def test_entry_stack_is_per_thread():
-  import threading  # pylint: disable=g-import-not-at-top
+  import threading
   seen = []
-  with mpi_ops.entry_point("Model.predict"):
-    t = threading.Thread(target=lambda: seen.append(mpi_ops.entry_points()))
+  with _naming.entry_point("Model.predict"):
+    t = threading.Thread(target=lambda: seen.append(_naming.entry_points()))
     t.start()
     t.join()
   assert seen == [()]
@@ -54,13 +54,13 @@ def test_keras_calls_are_entry_points():
   class Record(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
-      seen.setdefault("train", mpi_ops.entry_points())
+      seen.setdefault("train", _naming.entry_points())
 
     def on_test_batch_begin(self, batch, logs=None):
-      seen.setdefault("test", mpi_ops.entry_points())
+      seen.setdefault("test", _naming.entry_points())
 
     def on_predict_batch_begin(self, batch, logs=None):
-      seen.setdefault("predict", mpi_ops.entry_points())
+      seen.setdefault("predict", _naming.entry_points())
 
   x = np.ones([8, 2], "float32")
   with strategy.scope():
@@ -72,9 +72,9 @@ def test_keras_calls_are_entry_points():
   assert seen["test"] == ("Model.fit", "Model.evaluate")
   model.predict(x, verbose=0, callbacks=[Record()])
   assert seen["predict"] == ("Model.predict",)
-  assert mpi_ops.entry_points() == ()
+  assert _naming.entry_points() == ()
   # The wrappers keep the signature and the documentation.
-  import inspect  # pylint: disable=g-import-not-at-top
+  import inspect
   assert "validation_data" in inspect.signature(keras.Model.fit).parameters
   evaluate = keras.Model.evaluate
   assert evaluate.__doc__ == evaluate.__wrapped__.__doc__

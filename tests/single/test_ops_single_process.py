@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 import mpistrategy
+from mpistrategy import _library
 from mpistrategy import ops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
@@ -260,7 +261,7 @@ def test_not_initialized_error_from_kernel_then_reinit():
 def test_init_replaces_an_engine_that_stopped_on_an_error():
   mpistrategy.init()
   options = mpistrategy.current_options()
-  lib = mpistrategy.ops.mpi_ops._lib()  # pylint: disable=protected-access
+  lib = _library.load()
   # What another rank's shutdown or exception does to this rank's engine.
   lib.c.mpistrategy_abort(b"rank 1 raised ValueError: test", 1.0)
   try:
@@ -345,7 +346,6 @@ def test_env_override_applies_at_init(monkeypatch):
 
 def _python(code, env=None, timeout=120):
   full_env = dict(os.environ)
-  full_env.pop("PYTHONPATH", None)
   full_env.update({"TF_CPP_MIN_LOG_LEVEL": "3"})
   for key in list(full_env):
     if key.startswith(("OMPI_", "PMIX_")):
@@ -357,13 +357,13 @@ def _python(code, env=None, timeout=120):
 
 
 def _library_path():
-  from mpistrategy.ops import _library  # pylint: disable=import-outside-toplevel
+  from mpistrategy import _library
   return _library.load().path
 
 
 def test_missing_library_says_make_build():
   proc = _python("""
-      from mpistrategy.ops import _library
+      from mpistrategy import _library
       _library.SEARCH_PATHS[:] = ["/nonexistent/_mpi_ops.so"]
       import mpistrategy
       try:
@@ -379,7 +379,7 @@ def test_cooperates_with_mpi4py_that_initialized_mpi():
   pytest.importorskip("mpi4py")
   proc = _python(f"""
       from mpi4py import MPI
-      from mpistrategy.ops import _library
+      from mpistrategy import _library
       _library.SEARCH_PATHS.insert(0, {_library_path()!r})
       import mpistrategy, tensorflow as tf
       from mpistrategy import ops
@@ -401,7 +401,7 @@ def test_init_after_mpi_finalized_is_failed_precondition():
   proc = _python(f"""
       from mpi4py import MPI
       MPI.Finalize()
-      from mpistrategy.ops import _library
+      from mpistrategy import _library
       _library.SEARCH_PATHS.insert(0, {_library_path()!r})
       import mpistrategy, tensorflow as tf
       try:
@@ -416,7 +416,7 @@ def test_init_after_mpi_finalized_is_failed_precondition():
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 def test_uncaught_exception_aborts_every_rank():
   script = f"""
-      from mpistrategy.ops import _library
+      from mpistrategy import _library
       _library.SEARCH_PATHS.insert(0, {_library_path()!r})
       import time, mpistrategy, tensorflow as tf
       from mpistrategy import ops
@@ -428,7 +428,6 @@ def test_uncaught_exception_aborts_every_rank():
       time.sleep(60)
       """
   env = dict(os.environ)
-  env.pop("PYTHONPATH", None)
   env.update({"TF_CPP_MIN_LOG_LEVEL": "3",
               "OMPI_ALLOW_RUN_AS_ROOT": "1",
               "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
@@ -448,7 +447,7 @@ def test_uncaught_exception_aborts_every_rank():
 
 def test_default_eager_names_only_from_the_main_thread():
   """Other threads must pass name= (issue #14: results silently mixed up)."""
-  import threading  # pylint: disable=g-import-not-at-top
+  import threading
   results = {}
 
   def worker():

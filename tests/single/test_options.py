@@ -74,7 +74,7 @@ def test_wrong_types(field, value):
 
 
 def test_normalization():
-  import numpy as np  # pylint: disable=import-outside-toplevel
+  import numpy as np
   o = Options(fusion_threshold_bytes=np.int64(5), cycle_time_ms=2,
               timeline=None)
   assert o.fusion_threshold_bytes == 5 and type(o.fusion_threshold_bytes) is int

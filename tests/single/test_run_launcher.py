@@ -17,6 +17,7 @@ import pytest
 
 from mpistrategy import Options
 from mpistrategy import run
+from mpistrategy.launch import command as launch_command
 from procs import alive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -75,7 +76,7 @@ def _main(monkeypatch, capsys, argv, **environ):
 
 def test_openmpi_command(monkeypatch, script):
   # As from a checkout on PYTHONPATH (an installed package: the same).
-  monkeypatch.setattr(run, "_package_parent", lambda: ROOT)
+  monkeypatch.setattr(launch_command, "_package_parent", lambda: ROOT)
   environ = _environ(LD_LIBRARY_PATH="/opt/lib", NCCL_DEBUG="INFO",
                      CUDA_VISIBLE_DEVICES="0,1", TF_CPP_MIN_LOG_LEVEL="2",
                      MPISTRATEGY_CYCLE_TIME_MS="5", OMPI_MCA_btl="self")
@@ -149,7 +150,7 @@ def test_program_on_path_is_run_as_given(script):
 
 def test_checkout_goes_on_pythonpath_for_the_ranks(monkeypatch, script):
   # The launcher's mpistrategy comes from a checkout outside site-packages.
-  monkeypatch.setattr(run, "_package_parent", lambda: ROOT)
+  monkeypatch.setattr(launch_command, "_package_parent", lambda: ROOT)
   environ = _environ()
   del environ["PYTHONPATH"]
   command = _build(["-np", "2", script], environ)
@@ -270,7 +271,7 @@ def test_rank_program_runs_behind_the_quiet_wrapper_unless_verbose(script):
       *QUIET, "sh", "-c", "true"]
 
 
-# --- engine option flags -------------------------------------------------------
+# --- engine option flags -----------------------------------------------------
 
 
 def test_every_options_field_has_a_flag(script):
@@ -561,7 +562,6 @@ def test_sigint_to_srun_is_sent_twice(tmp_path):
 @pytest.mark.timeout(240)
 def test_check_reports_the_build():
   env = dict(os.environ)
-  env.pop("PYTHONPATH", None)
   env["TF_CPP_MIN_LOG_LEVEL"] = "2"
   env["CUDA_VISIBLE_DEVICES"] = ""
   out = subprocess.run([sys.executable, "-P", "-m", "mpistrategy.run",
@@ -594,7 +594,7 @@ def test_check_reports_the_build():
 
 
 def test_check_fails_when_the_op_library_does_not_load(monkeypatch, capsys):
-  from mpistrategy.ops import _library  # pylint: disable=g-import-not-at-top
+  from mpistrategy import _library
 
   def not_built():
     raise ImportError("_mpi_ops.so was not found (test)")
@@ -624,7 +624,7 @@ def test_launcher_starts_without_importing_tensorflow():
 
 
 def test_rank_comes_from_the_launchers_variables():
-  from mpistrategy import _output  # pylint: disable=g-import-not-at-top
+  from mpistrategy import _output
   assert _output.rank_from_env({}) is None
   assert _output.rank_from_env({"OMPI_COMM_WORLD_RANK": "3"}) == 3
   assert _output.rank_from_env({"PMI_RANK": "2"}) == 2
@@ -654,7 +654,7 @@ def test_rank_comes_from_the_launchers_variables():
     "INFO:absl:something",
 ])
 def test_start_up_noise_is_recognised(line):
-  from mpistrategy import _output  # pylint: disable=g-import-not-at-top
+  from mpistrategy import _output
   assert _output.is_noise(line)
   assert _output.is_noise(line + "\n")
 
@@ -672,7 +672,7 @@ def test_start_up_noise_is_recognised(line):
     "",
 ])
 def test_errors_and_user_lines_are_not_noise(line):
-  from mpistrategy import _output  # pylint: disable=g-import-not-at-top
+  from mpistrategy import _output
   assert not _output.is_noise(line)
 
 

@@ -49,7 +49,7 @@ def test_reduce_gather_run(strategy):
 
 
 def test_fit_matches_default_strategy(strategy):
-  from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
+  from sklearn.datasets import load_digits
   x, y = load_digits(return_X_y=True)
   x, y = (x[:256] / 16.0).astype(np.float32), y[:256].astype(np.int32)
 

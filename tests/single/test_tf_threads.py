@@ -25,13 +25,12 @@ print(result, tf.config.threading.get_intra_op_parallelism_threads(),
 
 def _probe(local_size, cpus, total, touch=False, env=None):
   full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-  full_env.pop("PYTHONPATH", None)
   for name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
     full_env.pop(name, None)
   full_env.update(env or {})
   out = subprocess.run(
-      [sys.executable, "-P", "-c", _PROBE, str(local_size), str(cpus), str(total),
-       str(int(touch))],
+      [sys.executable, "-P", "-c", _PROBE, str(local_size), str(cpus),
+       str(total), str(int(touch))],
       env=full_env, capture_output=True, text=True, timeout=120, check=True)
   return out.stdout.split()[-3:]
 

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import mpistrategy
 from mpistrategy import ops
-from mpistrategy.ops import mpi_ops
+from mpistrategy.ops import collectives
 
 
 pytestmark = pytest.mark.usefixtures("single_process_engine")
@@ -47,7 +47,7 @@ def test_single_rank_trace(tmp_path, restore_options, name):
   mpistrategy.init(mpistrategy.Options(timeline=path))
   # pack=False: two engine entries fused in one bucket (the packed default
   # would be a single entry without fusion-buffer copies).
-  ys = mpi_ops._grouped_allreduce_unpacked(  # pylint: disable=protected-access
+  ys = collectives._grouped_allreduce_unpacked(  # pylint: disable=protected-access
       [tf.ones([5]), tf.ones([7])], "g")
   np.testing.assert_array_equal(ys[1].numpy(), np.ones([7]))
   mpistrategy.shutdown()

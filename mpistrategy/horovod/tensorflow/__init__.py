@@ -30,10 +30,10 @@ docs/HOROVOD.md.
 
 Importing this module makes Keras 3 optimizers' `variables` callable as
 well (`opt.variables()`, the Keras 2 spelling Horovod scripts use); see
-`_keras_compat`.
+`mpistrategy.compat.keras2_spellings`.
 """
 
-from mpistrategy.horovod.tensorflow import _keras_compat
+from mpistrategy import compat as _compat
 from mpistrategy.horovod.tensorflow.basics import ccl_built
 from mpistrategy.horovod.tensorflow.basics import cross_rank
 from mpistrategy.horovod.tensorflow.basics import cross_size
@@ -88,14 +88,16 @@ from mpistrategy.horovod.tensorflow.functions import reducescatter
 from mpistrategy.horovod.tensorflow.functions import Sum
 from mpistrategy.horovod.tensorflow.gradients import DistributedGradientTape
 from mpistrategy.horovod.tensorflow.gradients import DistributedOptimizer
-from mpistrategy.horovod.tensorflow.gradients import PartialDistributedGradientTape
+from mpistrategy.horovod.tensorflow.gradients import (
+    PartialDistributedGradientTape)
 from mpistrategy.horovod.tensorflow.gradients import PartialDistributedOptimizer
 from mpistrategy.horovod.tensorflow.unsupported import add_process_set
-from mpistrategy.horovod.tensorflow.unsupported import broadcast_global_variables
+from mpistrategy.horovod.tensorflow.unsupported import (
+    broadcast_global_variables)
 from mpistrategy.horovod.tensorflow.unsupported import elastic
 from mpistrategy.horovod.tensorflow.unsupported import remove_process_set
 from mpistrategy.horovod.tensorflow.unsupported import start_timeline
 from mpistrategy.horovod.tensorflow.unsupported import stop_timeline
 from mpistrategy.horovod.tensorflow.unsupported import SyncBatchNormalization
 
-_keras_compat.make_optimizer_variables_callable()
+_compat.install_keras2_spellings()

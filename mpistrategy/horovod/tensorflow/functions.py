@@ -30,7 +30,7 @@ from mpistrategy import compression as compression_lib
 from mpistrategy.horovod.tensorflow import basics
 
 try:  # Horovod pickles objects with cloudpickle (lambdas, local classes).
-  import cloudpickle as _pickle  # pylint: disable=g-import-not-at-top
+  import cloudpickle as _pickle
 except ImportError:
   _pickle = pickle
 

@@ -24,10 +24,10 @@ p.add_argument("--fail-step", type=int, default=50)
 p.add_argument("--steps", type=int, default=1000000)
 args = p.parse_args()
 
-import numpy as np  # pylint: disable=wrong-import-position
-import tensorflow as tf  # pylint: disable=wrong-import-position
-import mpistrategy  # pylint: disable=wrong-import-position
-from mpistrategy import ops  # pylint: disable=wrong-import-position
+import numpy as np
+import tensorflow as tf
+import mpistrategy
+from mpistrategy import ops
 
 mpistrategy.init()
 rank, size = mpistrategy.rank(), mpistrategy.size()

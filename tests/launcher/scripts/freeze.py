@@ -28,9 +28,9 @@ p.add_argument("--steps", type=int, default=30)
 p.add_argument("--linger", type=float, default=120.0)
 args = p.parse_args()
 
-import tensorflow as tf  # pylint: disable=wrong-import-position
-import mpistrategy  # pylint: disable=wrong-import-position
-from mpistrategy import ops  # pylint: disable=wrong-import-position
+import tensorflow as tf
+import mpistrategy
+from mpistrategy import ops
 
 mpistrategy.init()
 rank, size = mpistrategy.rank(), mpistrategy.size()

@@ -30,7 +30,7 @@ def main():
   p.add_argument("--workdir", required=True)
   args = p.parse_args(argv)
 
-  import keras  # pylint: disable=g-import-not-at-top
+  import keras
   owner = next(k for k in keras.optimizers.Optimizer.__mro__
                if "apply" in k.__dict__ and k.__name__ == "BaseOptimizer")
   original = owner.__dict__["apply"]

@@ -21,10 +21,10 @@ import _rankio as io
 p = io.parser(__doc__)
 args = p.parse_args()
 
-import numpy as np  # pylint: disable=wrong-import-position
-import tensorflow as tf  # pylint: disable=wrong-import-position
-import mpistrategy  # pylint: disable=wrong-import-position
-from mpistrategy import ops  # pylint: disable=wrong-import-position
+import numpy as np
+import tensorflow as tf
+import mpistrategy
+from mpistrategy import ops
 
 VAR = "MPISTRATEGY_FUSION_THRESHOLD_BYTES"
 

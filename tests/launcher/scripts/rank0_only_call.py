@@ -25,12 +25,12 @@ args = p.parse_args()
 
 io.emit("PID", str(os.getpid()))
 
-import keras  # pylint: disable=wrong-import-position
-import numpy as np  # pylint: disable=wrong-import-position
-import tensorflow as tf  # pylint: disable=wrong-import-position
+import keras
+import numpy as np
+import tensorflow as tf
 
-import mpistrategy  # pylint: disable=wrong-import-position
-from mpistrategy import ops  # pylint: disable=wrong-import-position
+import mpistrategy
+from mpistrategy import ops
 
 strategy = mpistrategy.MPIStrategy()
 rank = mpistrategy.rank()

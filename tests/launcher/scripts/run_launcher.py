@@ -27,9 +27,9 @@ args = p.parse_args()
 
 io.emit("PID", str(os.getpid()))
 
-import tensorflow as tf  # pylint: disable=wrong-import-position
-import mpistrategy  # pylint: disable=wrong-import-position
-from mpistrategy import ops  # pylint: disable=wrong-import-position
+import tensorflow as tf
+import mpistrategy
+from mpistrategy import ops
 
 mpistrategy.init()
 rank, size = mpistrategy.rank(), mpistrategy.size()

@@ -23,9 +23,9 @@ p.add_argument("--sync-dir", required=True,
 p.add_argument("--max-wait", type=float, default=40.0)
 args = p.parse_args()
 
-import tensorflow as tf  # pylint: disable=wrong-import-position
-import mpistrategy  # pylint: disable=wrong-import-position
-from mpistrategy import ops  # pylint: disable=wrong-import-position
+import tensorflow as tf
+import mpistrategy
+from mpistrategy import ops
 
 mpistrategy.init()
 rank, size = mpistrategy.rank(), mpistrategy.size()

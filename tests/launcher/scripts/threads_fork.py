@@ -24,9 +24,9 @@ p = io.parser(__doc__)
 p.add_argument("--case", choices=["threads", "fork"], required=True)
 args = p.parse_args()
 
-import tensorflow as tf  # pylint: disable=wrong-import-position
-import mpistrategy  # pylint: disable=wrong-import-position
-from mpistrategy import ops  # pylint: disable=wrong-import-position
+import tensorflow as tf
+import mpistrategy
+from mpistrategy import ops
 
 mpistrategy.init()
 rank, size = mpistrategy.rank(), mpistrategy.size()

@@ -24,7 +24,7 @@ import time
 sys.path.insert(0, os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
         __file__)))), "launcher", "scripts"))
-import _rankio as io  # pylint: disable=g-import-not-at-top,wrong-import-position
+import _rankio as io
 
 p = io.parser(__doc__)
 p.add_argument("--part", action="append",
@@ -37,10 +37,10 @@ parts = args.part or ["topology"]
 
 io.emit("PID", f"{os.getpid()} {socket.gethostname()}")
 
-import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
-import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
-import mpistrategy  # pylint: disable=g-import-not-at-top,wrong-import-position
-from mpistrategy import ops  # pylint: disable=g-import-not-at-top,wrong-import-position
+import numpy as np
+import tensorflow as tf
+import mpistrategy
+from mpistrategy import ops
 
 mpistrategy.init()
 rank, size = mpistrategy.rank(), mpistrategy.size()
@@ -101,7 +101,7 @@ def weights_hash(model):
 
 
 def part_keras():
-  import keras  # pylint: disable=g-import-not-at-top
+  import keras
   keras.utils.set_random_seed(1234 + 17 * rank)  # only the broadcast agrees
   strategy = mpistrategy.MPIStrategy()
   data = np.random.default_rng(7)

@@ -28,7 +28,7 @@ import keras
 import tensorflow as tf
 
 from mpistrategy.horovod import tensorflow as _hvd
-from mpistrategy.horovod.tensorflow import _keras_compat
+from mpistrategy import compat as _compat
 from mpistrategy.horovod.tensorflow import gradients as _gradients
 from mpistrategy.horovod.tensorflow.basics import ccl_built
 from mpistrategy.horovod.tensorflow.basics import cross_rank
@@ -62,7 +62,8 @@ from mpistrategy.horovod.tensorflow.functions import Sum
 from mpistrategy.horovod.tensorflow.gradients import DistributedOptimizer
 from mpistrategy.horovod.tensorflow.gradients import PartialDistributedOptimizer
 from mpistrategy.horovod.tensorflow.keras import callbacks
-from mpistrategy.horovod.tensorflow.unsupported import broadcast_global_variables
+from mpistrategy.horovod.tensorflow.unsupported import (
+    broadcast_global_variables)
 from mpistrategy.horovod.tensorflow.unsupported import elastic
 from mpistrategy.horovod.tensorflow.unsupported import SyncBatchNormalization
 
@@ -120,4 +121,4 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
   return model
 
 
-_keras_compat.accept_experimental_run_tf_function()
+_compat.install_keras2_spellings()

@@ -1,9 +1,11 @@
 """Keras 2 spellings that Horovod scripts use, accepted under Keras 3.
 
-Importing `mpistrategy.horovod.tensorflow` makes `optimizer.variables` of
-Keras 3 optimizers also callable: `opt.variables()` (Keras 2, used by
-Horovod's TF2 examples to broadcast the optimizer state) returns the same
-list as `opt.variables`.  The value is still a `list`.
+Applied by `mpistrategy.compat.install_keras2_spellings()`, which the
+Horovod layer calls when it is imported: `optimizer.variables` of Keras 3
+optimizers is also callable (`opt.variables()`, Keras 2, used by Horovod's
+TF2 examples to broadcast the optimizer state, returns the same list as
+`opt.variables`; the value is still a `list`), and `Model.compile` accepts
+`experimental_run_tf_function`.
 """
 
 import functools
@@ -27,22 +29,21 @@ def _find_property(cls, name):
 
 
 def make_optimizer_variables_callable():
-  """Idempotent: patches the Keras optimizer base class's `variables`."""
+  """Patches the Keras optimizer base class's `variables`."""
   klass, prop = _find_property(keras.optimizers.Optimizer, "variables")
-  if prop is None or getattr(prop.fget, "_mpistrategy_callable", False):
+  if prop is None:
     return
   original = prop.fget
 
   def variables(self):
     return _CallableList(original(self))
 
-  variables._mpistrategy_callable = True  # pylint: disable=protected-access
   variables.__doc__ = original.__doc__
   setattr(klass, "variables", property(variables))
 
 
 def accept_experimental_run_tf_function():
-  """Idempotent: `Model.compile(experimental_run_tf_function=...)` (Keras 2;
+  """`Model.compile(experimental_run_tf_function=...)` (Keras 2;
   Horovod's Keras examples pass False) is accepted and ignored: Keras 3
   always applies gradients through the optimizer, so a
   `hvd.DistributedOptimizer` is always used."""
@@ -50,8 +51,6 @@ def accept_experimental_run_tf_function():
   # compares against to tell an overridden compile() (load_model).
   owner = next(k for k in keras.Model.__mro__ if "compile" in k.__dict__)
   original = owner.__dict__["compile"]
-  if getattr(original, "_mpistrategy_compat", False):
-    return
 
   # functools.wraps also copies Keras' `_is_default` mark, which tells
   # load_model that compile() is not overridden.
@@ -60,5 +59,4 @@ def accept_experimental_run_tf_function():
     del experimental_run_tf_function
     return original(self, *args, **kwargs)
 
-  compile._mpistrategy_compat = True  # pylint: disable=protected-access
   setattr(owner, "compile", compile)

@@ -1,7 +1,7 @@
 """Minimal Keras 3 patches that multi-process training needs.
 
-`MPIStrategy.__init__` calls `install()`; each patch is applied once per
-process (idempotent) and is a no-op unless the active strategy is a
+`mpistrategy.compat.install()` (called by `MPIStrategy.__init__`) applies
+each once per process; each is a no-op unless the active strategy is a
 multi-process `MPIStrategy`, so single-process code is unaffected.
 
 1. `LossScaleOptimizer.check_finite` (upstream bug, Keras 3.15
@@ -55,9 +55,9 @@ multi-process `MPIStrategy`, so single-process code is unaffected.
    `save_weights`, `load_weights`, `export`; `tf.train.Checkpoint.save`,
    `write`, `restore`, `read`; `tf.train.CheckpointManager.save`,
    `restore_or_initialize`) run inside
-   `mpistrategy.ops.mpi_ops.entry_point("Model.<method>")` (or
+   `mpistrategy.ops._naming.entry_point("Model.<method>")` (or
    "Checkpoint.<method>", ...), so the default names of their collectives
-   start with the call (see `mpi_ops`): a stall warning or timeout then
+   start with the call (see `_naming`): a stall warning or timeout then
    says `Model.evaluate/...` instead of an anonymous `eager/allreduce`.
    When such a call fails because other ranks did not join its collectives
    (a stall timeout, or a rank that shut down or raised), the error gets a
@@ -77,64 +77,71 @@ multi-process `MPIStrategy`, so single-process code is unaffected.
 
 import tensorflow as tf
 
-_INSTALLED = set()
+from mpistrategy import _tf_private as _tfp
+
+_WORLD = {"size": 1}
+
+
+def set_world(size):
+  """Records the MPI world size (the largest one seen)."""
+  _WORLD["size"] = max(_WORLD["size"], size)
+
+
+def _world_size():
+  return _WORLD["size"]
+
+
+def mpi_world_size(strategy):
+  """`strategy`'s number of processes if it is an `MPIStrategy`, else 1.
+
+  `MPIStrategy` says so with its `_is_mpi_strategy` class attribute, so that
+  these patches need not import mpistrategy/strategy.py (which installs them).
+  """
+  if getattr(strategy, "_is_mpi_strategy", False):
+    return strategy.extended._num_workers  # pylint: disable=protected-access
+  return 1
 
 
 def _active_mpi_world():
   """Returns the world size if the current strategy is an MPIStrategy."""
-  from mpistrategy import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
-  s = tf.distribute.get_strategy()
-  if isinstance(s, strategy_lib.MPIStrategy):
-    return s.extended._num_workers  # pylint: disable=protected-access
-  return 1
+  return mpi_world_size(tf.distribute.get_strategy())
 
 
-def _patch_loss_scale_optimizer():
-  from keras.src.optimizers import loss_scale_optimizer  # pylint: disable=g-import-not-at-top
-  cls = loss_scale_optimizer.LossScaleOptimizer
+def patch_loss_scale_optimizer():
+  cls = _tfp.keras_loss_scale_optimizer.LossScaleOptimizer
   original = cls.check_finite
-  if getattr(original, "_mpistrategy_patched", False):
-    return
 
   def check_finite(self, grads):
     finite = original(self, grads)
     if _active_mpi_world() <= 1:
       return finite
-    from mpistrategy import ops  # pylint: disable=g-import-not-at-top
+    from mpistrategy import ops
     # MIN over ranks of the local flag: finite only if finite everywhere.
     with tf.name_scope("MPILossScaleFinite"):
       flag = ops.allreduce(tf.cast(finite, tf.int32), op=ops.Min)
     return tf.cast(flag, tf.bool)
 
-  check_finite._mpistrategy_patched = True  # pylint: disable=protected-access
   check_finite.__doc__ = original.__doc__
   cls.check_finite = check_finite
 
 
-def _patch_progbar(rank):
+def patch_progbar(rank):
   if rank == 0:
     return
-  from keras.src.callbacks import progbar_logger  # pylint: disable=g-import-not-at-top
-  cls = progbar_logger.ProgbarLogger
+  cls = _tfp.keras_progbar_logger.ProgbarLogger
   original = cls.set_params
-  if getattr(original, "_mpistrategy_patched", False):
-    return
 
   def set_params(self, params):
     original(self, params)
     if _active_mpi_world() > 1 or _world_size() > 1:
       self.verbose = 0
 
-  set_params._mpistrategy_patched = True  # pylint: disable=protected-access
   cls.set_params = set_params
 
 
-def _patch_batch_normalization():
-  from keras.src.layers.normalization import batch_normalization  # pylint: disable=g-import-not-at-top
-  cls = batch_normalization.BatchNormalization
+def patch_batch_normalization():
+  cls = _tfp.keras_batch_normalization.BatchNormalization
   original = cls.call
-  if getattr(original, "_mpistrategy_patched", False):
-    return
 
   def call(self, inputs, training=None, mask=None):
     outputs = original(self, inputs, training=training, mask=mask)
@@ -144,7 +151,6 @@ def _patch_batch_normalization():
       _average_over_ranks(self, inputs)
     return outputs
 
-  call._mpistrategy_patched = True  # pylint: disable=protected-access
   call.__doc__ = original.__doc__
   cls.call = call
 
@@ -162,7 +168,7 @@ def _average_over_ranks(layer, inputs):
     layer: a built `BatchNormalization` layer, after its own update.
     inputs: the batch it was just called on.
   """
-  from mpistrategy import ops  # pylint: disable=g-import-not-at-top
+  from mpistrategy import ops
   variables = [v for v in layer.non_trainable_variables
                if tf.as_dtype(v.dtype).is_floating]
   if not variables:
@@ -183,12 +189,9 @@ def _average_over_ranks(layer, inputs):
       v.assign(tf.where(total_rows > 0, mean, v.value))
 
 
-def _patch_symbolic_build():
-  from keras.src.backend.tensorflow import trainer as tf_trainer  # pylint: disable=g-import-not-at-top
-  cls = tf_trainer.TensorFlowTrainer
+def patch_symbolic_build():
+  cls = _tfp.keras_trainer.TensorFlowTrainer
   original = cls._maybe_symbolic_build  # pylint: disable=protected-access
-  if getattr(original, "_mpistrategy_patched", False):
-    return
 
   def _maybe_symbolic_build(self, iterator=None, data_batch=None):
     strategy = self._distribute_strategy  # pylint: disable=protected-access
@@ -201,14 +204,11 @@ def _patch_symbolic_build():
       break
     return original(self, iterator=None, data_batch=data_batch)
 
-  _maybe_symbolic_build._mpistrategy_patched = True  # pylint: disable=protected-access
   cls._maybe_symbolic_build = _maybe_symbolic_build  # pylint: disable=protected-access
 
 
 def _is_multi_process(strategy):
-  from mpistrategy import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
-  return (isinstance(strategy, strategy_lib.MPIStrategy) and
-          strategy.extended._num_workers > 1)  # pylint: disable=protected-access
+  return mpi_world_size(strategy) > 1
 
 
 def _local_value(strategy, value):
@@ -218,22 +218,11 @@ def _local_value(strategy, value):
   return value
 
 
-_WORLD = {"size": 1}
-
-
-def _world_size():
-  return _WORLD["size"]
-
-
-def _patch_epoch_iterator():
-  from keras.src.backend.tensorflow import trainer as tf_trainer  # pylint: disable=g-import-not-at-top
-  from keras.src.trainers.data_adapters import tf_dataset_adapter  # pylint: disable=g-import-not-at-top
-  adapter_cls = tf_dataset_adapter.TFDatasetAdapter
+def patch_epoch_iterator():
+  adapter_cls = _tfp.keras_tf_dataset_adapter.TFDatasetAdapter
   original_num_batches = adapter_cls.num_batches
-  iterator_cls = tf_trainer.TFEpochIterator
+  iterator_cls = _tfp.keras_trainer.TFEpochIterator
   original_init = iterator_cls.__init__
-  if getattr(original_init, "_mpistrategy_patched", False):
-    return
 
   def num_batches(self):
     if getattr(self, "_mpistrategy_lengths_differ", False):
@@ -254,20 +243,20 @@ def _patch_epoch_iterator():
 
   adapter_cls.num_batches = property(num_batches,
                                      doc=original_num_batches.__doc__)
-  __init__._mpistrategy_patched = True  # pylint: disable=protected-access
   iterator_cls.__init__ = __init__
 
 
-# (module, class, label, methods) of the Keras/TF calls that communicate.
+# (module in _tf_private, class, label, methods) of the Keras/TF calls that
+# communicate.
 _ENTRY_POINTS = (
-    ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer", "Model",
+    ("keras_trainer", "TensorFlowTrainer", "Model",
      ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch",
       "predict_on_batch")),
-    ("keras.src.models.model", "Model", "Model",
+    ("keras_model", "Model", "Model",
      ("save", "save_weights", "load_weights", "export")),
-    ("tensorflow.python.checkpoint.checkpoint", "Checkpoint", "Checkpoint",
+    ("tf_checkpoint", "Checkpoint", "Checkpoint",
      ("save", "write", "restore", "read")),
-    ("tensorflow.python.checkpoint.checkpoint_management", "CheckpointManager",
+    ("checkpoint_management", "CheckpointManager",
      "CheckpointManager", ("save", "restore_or_initialize")),
 )
 
@@ -280,20 +269,19 @@ def _rule_note(entry, rank):
           "see the stall message above for the ranks that were missing.")
 
 
-def _patch_entry_points(rank):
-  import importlib  # pylint: disable=g-import-not-at-top
-  from mpistrategy.ops import mpi_ops  # pylint: disable=g-import-not-at-top
+def patch_entry_points(rank):
+  from mpistrategy.ops import _naming
   for module_name, class_name, label, methods in _ENTRY_POINTS:
-    cls = getattr(importlib.import_module(module_name), class_name)
+    cls = getattr(getattr(_tfp, module_name), class_name)
     for method in methods:
       original = cls.__dict__.get(method)
-      if original is None or getattr(original, "_mpistrategy_entry", False):
+      if original is None:
         continue
       entry = f"{label}.{method}"
 
       def wrapper(self, *args, __original=original, __entry=entry, **kwargs):
-        outermost = not mpi_ops.entry_points()
-        with mpi_ops.entry_point(__entry):
+        outermost = not _naming.entry_points()
+        with _naming.entry_point(__entry):
           try:
             return __original(self, *args, **kwargs)
           except (tf.errors.DeadlineExceededError,
@@ -304,37 +292,9 @@ def _patch_entry_points(rank):
               e.add_note(_rule_note(__entry, rank))
             raise
 
-      wrapper._mpistrategy_entry = True  # pylint: disable=protected-access
       wrapper.__doc__ = original.__doc__
       wrapper.__name__ = method
       wrapper.__qualname__ = f"{class_name}.{method}"
       wrapper.__wrapped__ = original
       setattr(cls, method, wrapper)
 
-
-def install(rank, size):
-  """Applies the patches of this module (idempotent).
-
-  Args:
-    rank: this process' MPI rank.
-    size: the MPI world size.
-  """
-  _WORLD["size"] = max(_WORLD["size"], size)
-  if "lso" not in _INSTALLED:
-    _patch_loss_scale_optimizer()
-    _INSTALLED.add("lso")
-  if "batch_norm" not in _INSTALLED:
-    _patch_batch_normalization()
-    _INSTALLED.add("batch_norm")
-  if "symbolic_build" not in _INSTALLED:
-    _patch_symbolic_build()
-    _INSTALLED.add("symbolic_build")
-  if "epoch_iterator" not in _INSTALLED:
-    _patch_epoch_iterator()
-    _INSTALLED.add("epoch_iterator")
-  if "entry_points" not in _INSTALLED:
-    _patch_entry_points(rank)
-    _INSTALLED.add("entry_points")
-  if "progbar" not in _INSTALLED and size > 1:
-    _patch_progbar(rank)
-    _INSTALLED.add("progbar")

@@ -1,0 +1,131 @@
+"""Every patch mpistrategy applies to Keras and TensorFlow, in one inventory.
+
+`install(rank, size)` (called by `MPIStrategy.__init__`) applies the patches
+of `_PATCHES` below, each once per process: the names of the applied ones
+are recorded in `_applied`, the one idempotence scheme (the patched
+functions carry no marks of their own).  The Horovod layer calls
+`install_keras2_spellings()` for the two Keras 2 spellings its users write.
+
+Each entry says what upstream behaviour it changes and what upstream change
+would let it go; docs/DESIGN.md has the same inventory as a table.  The
+patches name private Keras/TF modules through `mpistrategy._tf_private`, so
+they must be checked again whenever the TensorFlow or Keras pin moves
+(`mpistrategy/version.py`).
+
+The patch bodies live where the behaviour they implement is described:
+`compat/keras.py` (training), `mpistrategy/checkpoint.py` (saving and
+restoring), `compat/keras2_spellings.py` (Horovod scripts).  None of them
+imports mpistrategy/strategy.py: they recognise an `MPIStrategy` by its
+`_is_mpi_strategy` class attribute.
+"""
+
+import threading
+
+from mpistrategy import checkpoint
+from mpistrategy.compat import keras
+from mpistrategy.compat import keras2_spellings
+
+# (name, multi-process only, apply(rank)), applied in this order: the
+# checkpoint patches wrap the entry points of `keras.entry_points`.
+_PATCHES = (
+    # Keras 3.15 LossScaleOptimizer._tf_apply decides "finite" from the local,
+    # not yet all-reduced gradients and only all-reduces them in the "apply"
+    # branch: ranks that disagree hang.  Removed when Keras reduces the flag
+    # across replicas (or tests finiteness after the all-reduce).
+    ("keras.LossScaleOptimizer.check_finite", False,
+     lambda rank: keras.patch_loss_scale_optimizer()),
+    # Keras 3 makes BatchNormalization's moving statistics ordinary
+    # non-trainable weights (Keras 2: sync-on-read, MEAN), so each rank's copy
+    # drifts.  Removed when Keras 3 aggregates them across replicas again.
+    ("keras.BatchNormalization.call", False,
+     lambda rank: keras.patch_batch_normalization()),
+    # TensorFlowTrainer._maybe_symbolic_build all-reduces the first
+    # distributed batch only to learn its shapes, which fails when the
+    # ranks' shards differ in shape.  Removed when Keras builds from one
+    # replica's local value (`experimental_local_results`).
+    ("keras.TensorFlowTrainer._maybe_symbolic_build", False,
+     lambda rank: keras.patch_symbolic_build()),
+    # TFEpochIterator sizes an epoch by the local dataset's cardinality, which
+    # differs across ranks for datasets sharded per rank.  Removed when Keras
+    # uses the distributed dataset's (agreed) cardinality.
+    ("keras.TFEpochIterator.__init__+TFDatasetAdapter.num_batches", False,
+     lambda rank: keras.patch_epoch_iterator()),
+    # Not a Keras/TF defect: wraps the Keras/TF calls that communicate
+    # (Model.fit, ..., Checkpoint.save, ...) so their collectives are named
+    # after the call and a failure names the rule.  Would go if Keras/TF
+    # offered a per-call hook around these methods.
+    ("keras+tf.entry_points", False,
+     lambda rank: keras.patch_entry_points(rank)),
+    # Keras' ProgbarLogger prints on every process (N interleaved copies of
+    # the same global numbers).  Removed if Keras printed on the chief only
+    # under a multi-worker strategy.
+    ("keras.ProgbarLogger.set_params", True,
+     lambda rank: keras.patch_progbar(rank)),
+    # tf.train.Checkpoint/CheckpointManager write the user's path on every
+    # worker (MultiWorkerMirroredStrategy expects each worker to pick its own
+    # path), non-atomically, and restore each worker's own files.  Removed
+    # when TF writes on the chief only (others to temporary paths),
+    # atomically, and restores the chief's state on every worker.
+    ("tf.train.Checkpoint+CheckpointManager", True,
+     lambda rank: checkpoint.patch_tf_checkpoint()),
+    # tf.saved_model.save (and Model.export) writes on every worker, not
+    # atomically; load reads the worker's own path.  Same upstream change.
+    ("tf.saved_model.save+load", True,
+     lambda rank: checkpoint.patch_saved_model()),
+    # Keras 3's BackupAndRestore and ModelCheckpoint write on every worker
+    # and resume from each worker's own files (tf.keras 2 had
+    # distributed_file_utils for this).  Removed when Keras 3 writes on the
+    # chief only and resumes every worker from the chief's backup.
+    ("keras.BackupAndRestore+ModelCheckpoint", True,
+     lambda rank: checkpoint.patch_keras_callbacks()),
+    # Keras 3's Model.save/save_weights/export/load_weights and
+    # keras.saving.save_model/load_model: the same, for direct calls.
+    ("keras.Model.save+load", True,
+     lambda rank: checkpoint.patch_keras_model_saving()),
+)
+
+# Keras 2 spellings of Horovod scripts (`opt.variables()`,
+# `compile(experimental_run_tf_function=...)`); Keras 3 dropped them.  Kept
+# for as long as the Horovod layer accepts Keras 2 scripts unchanged.
+_KERAS2_SPELLINGS = (
+    ("keras.Optimizer.variables()", False,
+     lambda rank: keras2_spellings.make_optimizer_variables_callable()),
+    ("keras.Model.compile(experimental_run_tf_function)", False,
+     lambda rank: keras2_spellings.accept_experimental_run_tf_function()),
+)
+
+_lock = threading.Lock()
+_applied = set()
+
+
+def _apply(patches, rank, size):
+  with _lock:
+    for name, multi_process_only, apply in patches:
+      if name in _applied or (multi_process_only and size <= 1):
+        continue
+      apply(rank)
+      _applied.add(name)
+
+
+def install(rank, size):
+  """Applies the Keras/TF patches that `MPIStrategy` needs (idempotent).
+
+  Args:
+    rank: this process' MPI rank.
+    size: the MPI world size; the patches marked multi-process only wait for
+      a call with a size > 1.
+  """
+  keras.set_world(size)
+  checkpoint.set_world(rank, size)
+  _apply(_PATCHES, rank, size)
+
+
+def install_keras2_spellings():
+  """Accepts the Keras 2 spellings of Horovod scripts (idempotent)."""
+  _apply(_KERAS2_SPELLINGS, rank=0, size=1)
+
+
+def applied():
+  """Returns the names of the patches applied in this process (a set)."""
+  with _lock:
+    return set(_applied)

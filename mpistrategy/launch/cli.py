@@ -1,0 +1,241 @@
+"""The command line of `python -m mpistrategy.run` and its `main`.
+
+Every field of `mpistrategy.Options` gets a flag (`make_parser`); `main`
+parses, builds the command (`command.build_command`), prints it and runs it
+(`supervise.run`), or runs `--check`.
+"""
+
+import argparse
+import inspect
+import os
+import re
+import shlex
+import sys
+
+from mpistrategy import options as options_lib
+from mpistrategy.launch import check as check_lib
+from mpistrategy.launch import command as command_lib
+from mpistrategy.launch import supervise
+
+LAUNCHERS = ("auto", "mpirun", "srun")
+
+
+# Options fields set by one of the launcher's own flags (--verbose), which
+# therefore get no generated flag.
+_LAUNCHER_FIELDS = ("verbose",)
+
+
+_METAVARS = {"int": "INT", "float": "NUMBER", "str": "TEXT"}
+
+
+def _field_help():
+  """{field name: description} from the `Args:` section of `Options`."""
+  helps = {}
+  name = None
+  in_args = False
+  for line in inspect.cleandoc(options_lib.Options.__doc__ or "").splitlines():
+    if not in_args:
+      in_args = line.strip() == "Args:"
+      continue
+    if line and not line.startswith(" "):  # the next section (Raises:)
+      break
+    m = re.match(r"^  (\w+): (.*)$", line)
+    if m:
+      name = m.group(1)
+      helps[name] = m.group(2)
+    elif name is not None and line.strip():
+      helps[name] += " " + line.strip()
+  return helps
+
+
+def make_parser():
+  """Returns the `argparse.ArgumentParser` of `python -m mpistrategy.run`.
+
+  The engine option flags are generated from the fields of
+  `mpistrategy.Options`; their destinations are `option_<field>` and their
+  defaults None (not given).
+
+  Returns:
+    An `argparse.ArgumentParser`.
+  """
+  console_script = command_lib.CONSOLE_SCRIPT
+  prog = (console_script if os.path.basename(sys.argv[0]) == console_script
+          else f"python -m {command_lib.PROG}")
+  kill_after = supervise.DEFAULT_KILL_AFTER_SECONDS
+  parser = argparse.ArgumentParser(
+      prog=prog, allow_abbrev=False,
+      usage=f"{prog} [options] [-np N] [-H HOST:SLOTS,...] SCRIPT [ARGS ...]"
+      f"\n       {prog} --check",
+      description="Runs a Python training script on N MPI ranks with mpirun "
+      "(or srun inside a Slurm allocation), using this interpreter.",
+      epilog=f"Example: {prog} -H host1:2,host2:2 train.py --epochs 3 "
+      "(4 ranks)")
+  parser.add_argument(
+      "-np", "--num-proc", dest="num_proc", type=int, metavar="N",
+      help="number of ranks; default: the sum of the slots of -H or of a "
+      "host file that gives every host's slots.  Without hosts, N ranks "
+      "run on this host even if N exceeds its cores")
+  parser.add_argument(
+      "-H", "--hosts", metavar="HOST:SLOTS,...",
+      help="hosts and their slot counts, e.g. host1:2,host2:2 (mpirun -H; "
+      "srun --nodelist)")
+  parser.add_argument(
+      "--hostfile", metavar="FILE",
+      help="the MPI implementation's host file (mpirun only)")
+  parser.add_argument(
+      "--launcher", choices=LAUNCHERS, default="auto",
+      help="auto (the default): srun when SLURM_JOB_ID is set and srun is on "
+      "PATH, otherwise mpirun")
+  parser.add_argument(
+      "--mpi-args", action="append", default=[], metavar="ARGS",
+      help="extra arguments for mpirun or srun, split like a shell does, "
+      "e.g. --mpi-args=\"--mca btl tcp,self\"; may be repeated")
+  parser.add_argument(
+      "--kill-after", type=float, default=kill_after, metavar="SECONDS",
+      help="after forwarding a signal, kill the job if it is still running "
+      f"this many seconds later (default {kill_after:g})")
+  parser.add_argument(
+      "--dry-run", action="store_true",
+      help="print the command on stdout and exit without running it")
+  parser.add_argument(
+      "--tag-output", action=argparse.BooleanOptionalAction, default=True,
+      help="prefix every output line with the rank that printed it (the "
+      "default; Open MPI --tag-output: '[1,R]<stdout>:', MPICH "
+      "-prepend-rank: '[R] ', srun --label: 'R: ')")
+  parser.add_argument(
+      "--verbose", action="store_true",
+      help="also print how the launcher and the flags were chosen, and let "
+      "every rank print TensorFlow's start-up lines and Python warnings "
+      "(by default only rank 0 does; MPISTRATEGY_VERBOSE=1)")
+  parser.add_argument(
+      "--check", action="store_true",
+      help="print what mpistrategy was built with and what it finds "
+      "(TensorFlow, op library, MPI, CUDA, NCCL, GPUs) and exit")
+  group = parser.add_argument_group(
+      "engine options",
+      "Each sets MPISTRATEGY_<FIELD> for every rank (see mpistrategy.Options).")
+  helps = _field_help()
+  for field in command_lib.option_fields():
+    if field.name in _LAUNCHER_FIELDS:
+      continue
+    variable = command_lib.ENV_PREFIX + field.name.upper()
+    text = helps.get(field.name, f"Options.{field.name}").replace("%", "%%")
+    flag = command_lib.option_flag(field.name)
+    type_name = command_lib.type_name(field)
+    if type_name == "bool":
+      group.add_argument(flag, dest="option_" + field.name,
+                         action=argparse.BooleanOptionalAction, default=None,
+                         help=f"{text} ({variable})")
+    else:
+      group.add_argument(flag, dest="option_" + field.name,
+                         default=None,
+                         metavar=_METAVARS.get(type_name, "VALUE"),
+                         help=f"{text} ({variable})")
+  parser.add_argument(
+      "command", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS ...]",
+      help="the Python script and its arguments (a program found on PATH, "
+      "e.g. `python train.py`, is run as given)")
+  return parser
+
+
+def _join_option_values(parser, argv):
+  """Returns `argv` with `--mpi-args VALUE` written as `--mpi-args=VALUE`.
+
+  argparse takes a separate value that starts with "-" (`--mpi-args
+  "--mca btl tcp,self"`) for an option and fails.  Only the launcher's own
+  options (before the script) are rewritten.
+  """
+  takes_value = {}
+  for action in parser._actions:  # pylint: disable=protected-access
+    for flag in action.option_strings:
+      takes_value[flag] = action.nargs != 0
+  out = list(argv)
+  i = 0
+  while i < len(out):
+    token = out[i]
+    if token == "--" or not token.startswith("-"):
+      break  # the script starts here
+    if token == "--mpi-args" and i + 1 < len(out):
+      out[i:i + 2] = [f"--mpi-args={out[i + 1]}"]
+    elif takes_value.get(token, False):
+      i += 1  # skip the option's value
+    i += 1
+  return out
+
+
+def parse_args(argv):
+  """Parses the launcher's command line (without the program name).
+
+  Args:
+    argv: A list of str.
+
+  Returns:
+    An `argparse.Namespace`.
+
+  Raises:
+    SystemExit: The arguments do not parse (argparse printed the error) or
+      `--help` was given.
+  """
+  parser = make_parser()
+  args = parser.parse_args(_join_option_values(parser, argv))
+  if args.command and args.command[0] == "--":
+    args.command = args.command[1:]
+  return args
+
+
+def main(argv=None):
+  """Runs the launcher; returns its exit status.
+
+  Args:
+    argv: The arguments (without the program name); default `sys.argv[1:]`.
+
+  Returns:
+    An int: 0 on success, 2 for bad arguments, 1 when no launcher is found,
+    127 when it cannot be started, otherwise the job's exit status.
+  """
+  argv = sys.argv[1:] if argv is None else list(argv)
+  environ = dict(os.environ)
+  try:
+    args = parse_args(argv)
+  except SystemExit as e:  # argparse printed the error or the help
+    return e.code if isinstance(e.code, int) else 2
+  if args.check:
+    return check_lib.check(environ)
+  try:
+    launcher, launcher_path = command_lib.find_launcher(args.launcher, environ)
+  except ValueError as e:
+    supervise.say(f"error: {e}")
+    return 1
+  flavour = None
+  if launcher == "mpirun":
+    flavour = command_lib.detect_mpi_flavour(launcher_path, environ)
+  try:
+    command = command_lib.build_command(args, environ, launcher, launcher_path,
+                            mpi_flavour=flavour or "openmpi")
+  except ValueError as e:
+    supervise.say(f"error: {e}")
+    return 2
+  if args.verbose:
+    if args.launcher != "auto":
+      why = f"--launcher {args.launcher}"
+    elif launcher == "srun":
+      why = "auto: SLURM_JOB_ID is set and srun is on PATH"
+    else:
+      why = "auto: not inside a Slurm allocation with srun"
+    supervise.say(f"launcher: {launcher_path} ({why}"
+         f"{', ' + flavour if flavour else ''})")
+    for name in sorted(set(command.env) - set(environ)) + sorted(
+        n for n in environ if command.env.get(n) != environ[n]):
+      supervise.say(f"setting {name}={command.env[name]}")
+  for note in command.notes:
+    supervise.say(note)
+  line = shlex.join(command.argv)
+  if args.dry_run:
+    print(line, flush=True)
+    return 0
+  supervise.say(line)
+  code = supervise.run(command, kill_after=args.kill_after,
+                       verbose=args.verbose)
+  if args.verbose:
+    supervise.say(f"exit status {code}")
+  return code

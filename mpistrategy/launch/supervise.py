@@ -1,0 +1,133 @@
+"""Supervision: runs the command, forwards signals, kills what is left.
+
+The command runs in a session of its own; SIGINT, SIGTERM and SIGHUP are
+forwarded to its process group, and `kill_after` seconds after the first one
+every process of its session is killed.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from mpistrategy.launch import command as command_lib
+
+DEFAULT_KILL_AFTER_SECONDS = 10.0
+
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def say(text):
+  sys.stderr.write(f"{command_lib.PROG}: {text}\n")
+  sys.stderr.flush()
+
+
+def _session_pids(sid):
+  """PIDs of the processes in session `sid` (Linux /proc; else empty)."""
+  pids = []
+  try:
+    entries = os.listdir("/proc")
+  except OSError:
+    return pids
+  for entry in entries:
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f"/proc/{entry}/stat", encoding="ascii",
+                errors="replace") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+      continue
+    # After "pid (comm)": state ppid pgrp session ...
+    if len(fields) > 3 and fields[3] == str(sid):
+      pids.append(int(entry))
+  return pids
+
+
+def _kill_session(proc):
+  """SIGKILLs the command's process group and every process of its session.
+
+  mpirun puts each local rank in a process group of its own (in mpirun's
+  session, which `run` made new), so the group alone is not enough.
+  """
+  for kill, target in [(os.killpg, proc.pid)] + [
+      (os.kill, pid) for pid in _session_pids(proc.pid)]:
+    try:
+      kill(target, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+      pass
+
+
+def _forward(proc, launcher, signum):
+  try:
+    os.killpg(proc.pid, signum)
+    if launcher == "srun" and signum == signal.SIGINT:
+      # srun answers one SIGINT with a status report; a second one within a
+      # second aborts the step (SIGINT, then SIGTERM, SIGKILL to the tasks).
+      time.sleep(0.1)
+      os.killpg(proc.pid, signum)
+  except ProcessLookupError:
+    pass
+
+
+def run(command, kill_after=DEFAULT_KILL_AFTER_SECONDS, verbose=False):
+  """Runs `command` and forwards signals to it until it exits.
+
+  The command runs in a new session, so a terminal's Ctrl-C reaches only
+  the launcher, which forwards it once.
+
+  Args:
+    command: A `Command`.
+    kill_after: Seconds after the first forwarded signal before the whole
+      job is killed with SIGKILL.
+    verbose: Print what happens to the signals.
+
+  Returns:
+    The exit status (see the module docstring).
+  """
+  received = []     # forwarded signal numbers, in order
+  state = {"proc": None, "first": None}
+
+  def on_signal(signum, unused_frame):
+    received.append(signum)
+    if state["first"] is None:
+      state["first"] = time.monotonic()
+    if verbose:
+      say(f"got {signal.Signals(signum).name}, forwarding it")
+    if state["proc"] is not None:
+      _forward(state["proc"], command.launcher, signum)
+
+  previous = {s: signal.signal(s, on_signal) for s in FORWARDED_SIGNALS}
+  try:
+    try:
+      proc = subprocess.Popen(command.argv, env=command.env,
+                              start_new_session=True)
+    except OSError as e:
+      say(f"error: cannot run {command.argv[0]}: {e}")
+      return 127
+    state["proc"] = proc
+    for signum in received:  # arrived before the command started
+      _forward(proc, command.launcher, signum)
+    killed = False
+    while True:
+      try:
+        returncode = proc.wait(timeout=0.2)
+        break
+      except subprocess.TimeoutExpired:
+        pass
+      if (state["first"] is not None and not killed and
+          time.monotonic() - state["first"] > kill_after):
+        say(f"the job is still running {kill_after:g} s after "
+             f"{signal.Signals(received[0]).name}; killing it")
+        _kill_session(proc)
+        killed = True
+  finally:
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
+  if returncode < 0:
+    return 128 - returncode
+  if received and returncode != 0:
+    return 128 + received[0]
+  return returncode

@@ -1,0 +1,142 @@
+"""The names that pair a collective across ranks.
+
+A collective is matched across ranks by name.  Without an explicit
+`name`, calls inside a `tf.function` are named `<function graph path>/<unique
+op name>`, which is identical on every rank because every rank traces the
+same program.  The graph path lists the enclosing function graphs (e.g.
+`train_step/cond_true/...`) with TensorFlow's process-global uid suffixes
+removed, so a rank that traced more functions than the others (say, rank 0
+saving a checkpoint) still agrees.
+
+Eager calls are named `eager/<op>`, the same name for every call: an eager
+call blocks until its collective is done, so one thread has at most one in
+flight, and eager code runs in the same order on every rank.  The name is
+an op attribute and TensorFlow builds and caches one kernel per distinct set
+of attributes, so a name that changed per call would build a new kernel
+every call (about 0.5 ms, and a cache that only grows) and miss the engine's
+response cache.  For the same reason an explicit `name` should not contain
+a step counter.  Only the main thread may rely on default eager names: in
+any other thread an eager collective without `name=` raises `ValueError`,
+because calls of several threads have no order that is the same on every
+rank (their results would silently mix up the threads' values).  Threads
+pass explicit names that agree across ranks and differ between threads.
+
+An explicit `name` is used as-is.  A default name made while a
+communicating Keras call runs (`model.fit`, `evaluate`, `predict`, `save`,
+...; see `mpistrategy.compat`) starts with that call, e.g.
+`Model.evaluate/eager/allreduce` or `Model.fit/Model.evaluate/<graph
+path>/allreduce_1`, so a stall warning or timeout says which Keras call the
+waiting ranks are in, and collectives of different Keras calls never pair.
+"""
+
+import re
+import threading
+
+import tensorflow as tf
+
+
+def tensor_name(name, kind):
+  """The name pairing this collective across ranks (see module docstring)."""
+  if name is not None:
+    return name
+  prefix = "".join(f"{entry}/" for entry in entry_points())
+  if tf.executing_eagerly():
+    _claim_eager_default_names(kind)
+    return f"{prefix}eager/{kind}"
+  graph = tf.compat.v1.get_default_graph()
+  return f"{prefix}{_graph_path(graph)}/{graph.unique_name(kind)}"
+
+
+# The public calls (e.g. "Model.evaluate") this thread is inside, outermost
+# first; pushed by `entry_point`.
+_entry = threading.local()
+
+
+def entry_points():
+  """The public calls that communicate which this thread is inside.
+
+  Returns:
+    A tuple of str, outermost first, e.g. `("Model.fit", "Model.evaluate")`.
+  """
+  return tuple(getattr(_entry, "stack", ()))
+
+
+class entry_point:  # pylint: disable=invalid-name
+  """`with entry_point("Model.evaluate"):` names the collectives inside.
+
+  Used by `mpistrategy.compat.keras` around Keras' public methods.  A call
+  of the same entry directly inside itself (a subclass's `fit` calling
+  `super().fit`) is recorded once.
+  """
+
+  def __init__(self, name):
+    self._name = name
+    self._pushed = False
+
+  def __enter__(self):
+    stack = getattr(_entry, "stack", None)
+    if stack is None:
+      stack = _entry.stack = []
+    if not stack or stack[-1] != self._name:
+      stack.append(self._name)
+      self._pushed = True
+    return self
+
+  def __exit__(self, *unused_exc):
+    if self._pushed:
+      _entry.stack.pop()
+    return False
+
+
+def _claim_eager_default_names(kind):
+  """Raises unless this thread may issue a default-named eager collective.
+
+  Default eager names (`eager/<op>`) pair the k-th call of each rank with
+  the k-th call of every other rank: program order, as long as one thread
+  issues them.  Among several threads the order is whatever the threads
+  happen to reach the engine in, which differs across ranks, so results
+  would silently mix up different threads' values.  The main thread is the
+  one thread that is the same on every rank (a first-come owner would not
+  be: a different thread may come first on each rank), so it alone may use
+  default eager names; every other thread must pass `name=`.
+
+  Args:
+    kind: the op, for the message.
+
+  Raises:
+    ValueError: this is not the main thread.
+  """
+  current = threading.current_thread()
+  if current is threading.main_thread():
+    return
+  raise ValueError(
+      f"mpistrategy.ops.{kind}: an eager collective without `name=` can "
+      f"only be issued from the main thread, and this is thread "
+      f"{current.name!r}. Default eager names pair calls across ranks by "
+      "their order, which is not defined between threads, so results would "
+      "silently mix up different threads' values. Pass name= (the same on "
+      "every rank, and different for each thread's calls, e.g. "
+      "name=f\"grads/{worker_id}\") or issue the collective from the main "
+      "thread.")
+
+
+# TensorFlow appends process-global uids to the names of the graphs it
+# creates for cond/while branches and gradients ("cond_true_48",
+# "while_body_115", "__backward_f_12", "cond_true_48_grad_69").  Those uids
+# count every graph built in the process, so they differ across ranks as soon
+# as one rank traces something the others do not (e.g. rank 0 saving a
+# checkpoint): they are dropped.  The chain of enclosing graphs keeps names
+# of branches of different functions apart.
+_TF_UID = re.compile(r"_\d+(?=_|$)")
+
+
+def _graph_path(graph):
+  """"outer/inner" names of the function graphs enclosing `graph`."""
+  parts = []
+  while graph is not None:
+    name = getattr(graph, "name", None)  # plain tf.Graph: no name
+    if not isinstance(name, str) or not name:
+      break
+    parts.append(_TF_UID.sub("", name))
+    graph = getattr(graph, "outer_graph", None)
+  return "/".join(reversed(parts)) or "graph"

@@ -1,0 +1,437 @@
+"""Collective ops over MPI: `allreduce`, `allgather`, `broadcast`, ...
+
+One Python function per op in cc/ops/mpi_ops.cc; each validates its
+arguments, picks the name that pairs the collective across ranks (see
+`mpistrategy.ops._naming`) and calls the generated op.  The kernels hand the
+tensor to the C++ engine, whose background thread negotiates with the other
+ranks, so collectives may be issued in any order on different ranks as long
+as their names agree.  Their gradients are in `mpistrategy.ops.gradients`.
+
+Every function initializes mpistrategy on first use (`init()` with
+`Options.from_env()`) unless `init` was called before; see
+`mpistrategy.runtime`.
+"""
+
+import enum
+import operator
+
+import tensorflow as tf
+
+from mpistrategy import compression as compression_lib
+from mpistrategy import runtime
+from mpistrategy.ops import _naming
+
+__all__ = [
+    "ReduceOp", "Sum", "Average", "Mean", "Min", "Max", "Product",
+    "allreduce", "grouped_allreduce", "allgather", "broadcast",
+    "reducescatter", "alltoall", "barrier",
+]
+
+
+class ReduceOp(enum.Enum):
+  """Element-wise reductions across ranks (`ops.Sum`, `ops.Average`, ...)."""
+  SUM = "sum"
+  MEAN = "mean"  # SUM divided by the world size; floating dtypes only
+  MIN = "min"
+  MAX = "max"
+  PRODUCT = "product"
+
+
+Sum = ReduceOp.SUM
+Average = ReduceOp.MEAN
+Mean = ReduceOp.MEAN
+Min = ReduceOp.MIN
+Max = ReduceOp.MAX
+Product = ReduceOp.PRODUCT
+
+FLOAT_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+# A MEAN over these is divided before the sum: summing N float16 values of a
+# mean's magnitude overflows (65504) N times sooner than the mean does.
+_DIVIDE_FIRST_DTYPES = (tf.float16, tf.bfloat16)
+_ALL_DTYPES = FLOAT_DTYPES + (tf.int32, tf.int64, tf.uint8, tf.int8, tf.bool)
+_NUMERIC_DTYPES = FLOAT_DTYPES + (tf.int32, tf.int64, tf.uint8, tf.int8)
+
+# ---------------------------------------------------------------------------
+# Argument checking and names
+
+
+def _to_tensor(value, fn, arg="tensor", dtypes=_ALL_DTYPES):
+  if isinstance(value, tf.IndexedSlices):
+    raise TypeError(
+        f"{fn}: `{arg}` must be a dense tensor, got tf.IndexedSlices "
+        "(allgather its values and indices instead)")
+  try:
+    tensor = tf.convert_to_tensor(value)
+  except (TypeError, ValueError) as e:
+    raise TypeError(
+        f"{fn}: `{arg}` must be convertible to a tf.Tensor, got "
+        f"{type(value).__name__}: {e}") from None
+  if tensor.dtype not in dtypes:
+    raise TypeError(
+        f"{fn}: `{arg}` has dtype {tensor.dtype.name}; accepted dtypes are "
+        f"{', '.join(d.name for d in dtypes)}")
+  return tensor
+
+
+def _reduce_op(op, fn):
+  """Maps `op` to a ReduceOp member; ValueError for anything else."""
+  if isinstance(op, ReduceOp):
+    return op
+  if isinstance(op, tf.distribute.ReduceOp):
+    return ReduceOp.SUM if op == tf.distribute.ReduceOp.SUM else ReduceOp.MEAN
+  if isinstance(op, str):
+    spelled = op.lower()
+    if spelled == "average":
+      spelled = "mean"
+    for member in ReduceOp:
+      if member.value == spelled:
+        return member
+  raise ValueError(
+      f"{fn}: `op` must be one of mpistrategy.ops.Sum, Average (Mean), Min, "
+      f"Max, Product (or tf.distribute.ReduceOp.SUM/MEAN), got {op!r}")
+
+
+def _check_op_dtype(op, tensor, fn):
+  if op == ReduceOp.MEAN and tensor.dtype not in FLOAT_DTYPES:
+    raise ValueError(
+        f"{fn}: op=Average needs a floating dtype (float16, bfloat16, "
+        f"float32, float64), got {tensor.dtype.name}; use op=Sum and divide")
+
+
+def _check_name(name, fn):
+  if name is not None and (not isinstance(name, str) or not name):
+    raise TypeError(
+        f"{fn}: `name` must be a non-empty str or None, got {name!r}")
+
+
+# ---------------------------------------------------------------------------
+# Collectives
+
+
+@tf.autograph.experimental.do_not_convert
+def allreduce(tensor, op=Sum, name=None, compression=None):
+  """Reduces `tensor` element-wise across all ranks.
+
+  With a compression such as `mpistrategy.Compression.fp16`, float32 and
+  float64 tensors travel (and are summed) as float16/bfloat16 and are cast
+  back, so the result keeps the input's dtype with the wire's precision;
+  `op=Average` then divides by the world size *before* the cast and sums.
+  Other dtypes are not compressed.  See `mpistrategy.compression`.
+
+  Args:
+    tensor: A `tf.Tensor` (or value convertible to one) of dtype float16,
+      bfloat16, float32, float64, int32, int64, uint8, int8 or bool; the same
+      shape and dtype on every rank.
+    op: `ops.Sum`, `ops.Average` (alias `ops.Mean`; floating dtypes only),
+      `ops.Min`, `ops.Max` or `ops.Product`.  For bool, Sum/Max are logical
+      or and Min/Product logical and.  Min/Max propagate NaN like
+      `tf.minimum`.  Average of float16/bfloat16 divides before summing,
+      so it overflows only if the mean does.
+    name: Pairs the collective across ranks; see the module docstring.
+    compression: `None` or "none" (default), "fp16", "bf16", or a
+      `mpistrategy.Compression` member; the same on every rank.
+
+  Returns:
+    A `tf.Tensor` with the reduction, shaped like `tensor`, of its dtype.
+    Its gradient is the allreduce of the upstream gradient with the same op
+    (and, when compressed, on the same 16-bit wire).
+
+  Raises:
+    TypeError: `tensor` is not convertible to a tensor of a supported dtype,
+      or `name` is not a str.
+    ValueError: `op` is not one of the constants or does not suit the dtype,
+      or `compression` is unknown.
+    tf.errors.FailedPreconditionError: Ranks disagree on shape, dtype, op or
+      compression.
+  """
+  fn = "mpistrategy.ops.allreduce"
+  tensor = _to_tensor(tensor, fn)
+  op = _reduce_op(op, fn)
+  _check_op_dtype(op, tensor, fn)
+  _check_name(name, fn)
+  compressor = compression_lib.get(compression, fn)
+  lib = runtime.started_library()
+  tensor_name = _naming.tensor_name(name, "allreduce")
+  if not compressor.compresses(tensor.dtype):
+    [tensor], op = _divide_first_if_16_bit([tensor], op, lib)
+    return lib.ops.mpi_strategy_allreduce(
+        tensor, reduce_op=op.value, tensor_name=tensor_name)
+  # The wire is 16-bit, so a MEAN always divides first.
+  [tensor], op = _mean_as_divided_sum([tensor], op, lib)
+  wire, context = compressor.compress(tensor)
+  reduced = lib.ops.mpi_strategy_allreduce(
+      wire, reduce_op=op.value, tensor_name=tensor_name)
+  return compressor.decompress(reduced, context)
+
+
+@tf.autograph.experimental.do_not_convert
+def grouped_allreduce(tensors, op=Sum, name=None, compression=None):
+  """Reduces a list of tensors across ranks in one collective.
+
+  On CPU the tensors are copied into one buffer that is reduced in place as
+  a single collective, and the results are views of it: one negotiation and
+  one transport call per dtype however many tensors there are, at the cost
+  of one buffer the size of the group.  On GPU each tensor
+  is submitted separately and the engine fuses them.  Ranks whose groups
+  differ (length, a tensor's shape or dtype) get a `FailedPreconditionError`
+  naming the group and the tensor.
+
+  Args:
+    tensors: A list of tensors (dtypes may differ; see `allreduce`).
+    op: As for `allreduce`; applies to every tensor.
+    name: Name pairing the group across ranks.
+    compression: As for `allreduce`; applies to every float32/float64
+      tensor.  With `op=Average`, when at least one tensor is compressed the
+      whole group is divided by the world size first and summed (so a
+      float16 tensor in such a group is divided in float16 before the sum).
+
+  Returns:
+    A list of `tf.Tensor`, one per input, each of its input's dtype.
+
+  Raises:
+    TypeError: `tensors` is not a list/tuple of tensor-convertible values.
+    ValueError: `op` is invalid for one of the tensors, or `compression` is
+      unknown.
+  """
+  fn = "mpistrategy.ops.grouped_allreduce"
+  if not isinstance(tensors, (list, tuple)):
+    raise TypeError(f"{fn}: `tensors` must be a list or tuple of tensors, "
+                    f"got {type(tensors).__name__}")
+  converted = [_to_tensor(t, fn, f"tensors[{i}]")
+               for i, t in enumerate(tensors)]
+  op = _reduce_op(op, fn)
+  for t in converted:
+    _check_op_dtype(op, t, fn)
+  _check_name(name, fn)
+  compressor = compression_lib.get(compression, fn)
+  if not converted:
+    return []
+  lib = runtime.started_library()
+  tensor_name = _naming.tensor_name(name, "grouped_allreduce")
+  if not any(compressor.compresses(t.dtype) for t in converted):
+    converted, op = _divide_first_if_16_bit(converted, op, lib)
+    return list(lib.ops.mpi_strategy_grouped_allreduce(
+        converted, reduce_op=op.value, tensor_name=tensor_name))
+  # The wire is 16-bit, so a MEAN always divides first.
+  converted, op = _mean_as_divided_sum(converted, op, lib)
+  compressed = [compressor.compress(t) for t in converted]
+  reduced = lib.ops.mpi_strategy_grouped_allreduce(
+      [wire for wire, _ in compressed], reduce_op=op.value,
+      tensor_name=tensor_name)
+  return [compressor.decompress(r, context)
+          for r, (_, context) in zip(reduced, compressed)]
+
+
+def _mean_as_divided_sum(tensors, op, lib):
+  """A MEAN as a division by the world size, then a SUM.
+
+  The engine's MEAN sums in the tensors' dtype and then divides, so two
+  ranks' float16 40000s would overflow to inf although their mean fits.
+  Dividing first keeps every partial sum at the mean's magnitude.  One
+  reduce op covers a whole group, so all of its tensors are divided.
+
+  Args:
+    tensors: a list of tensors.
+    op: the `ReduceOp` asked for.
+    lib: the loaded op library.
+
+  Returns:
+    `(tensors, op)` to submit: unchanged unless `op` is MEAN.
+  """
+  if op != ReduceOp.MEAN:
+    return tensors, op
+  world = lib.c.mpistrategy_size()
+  return [t / tf.cast(world, t.dtype) for t in tensors], ReduceOp.SUM
+
+
+def _divide_first_if_16_bit(tensors, op, lib):
+  """`_mean_as_divided_sum` when any tensor is float16 or bfloat16."""
+  if not any(t.dtype in _DIVIDE_FIRST_DTYPES for t in tensors):
+    return tensors, op
+  return _mean_as_divided_sum(tensors, op, lib)
+
+
+def _grouped_allreduce_unpacked(tensors, name):
+  """A SUM `grouped_allreduce` without the kernel's packing.
+
+  Each tensor is its own engine entry, `<name>.<i>`, and the engine fuses
+  them through its fusion buffer (the op's `pack=False`).  For the tests
+  and benchmarks that observe or time the engine's fusion.
+
+  Args:
+    tensors: A non-empty list of tensors.
+    name: Base name pairing the group across ranks.
+
+  Returns:
+    A list of `tf.Tensor`, one per input.
+  """
+  return list(runtime.started_library().ops.mpi_strategy_grouped_allreduce(
+      tensors, reduce_op=ReduceOp.SUM.value, tensor_name=name, pack=False))
+
+
+@tf.autograph.experimental.do_not_convert
+def allgather(tensor, name=None):
+  """Concatenates every rank's `tensor` along the first dimension.
+
+  Args:
+    tensor: A tensor of rank >= 1 (any supported dtype).  The first
+      dimension may differ across ranks; the others must agree.
+    name: Pairs the collective across ranks.
+
+  Returns:
+    A `tf.Tensor`: all ranks' rows, in rank order.
+
+  Raises:
+    TypeError: `tensor` is not convertible to a supported tensor.
+    ValueError: `tensor` is a scalar.
+    tf.errors.FailedPreconditionError: Ranks disagree on dtype or trailing
+      dimensions.
+  """
+  fn = "mpistrategy.ops.allgather"
+  tensor = _to_tensor(tensor, fn)
+  if tensor.shape.rank == 0:
+    raise ValueError(f"{fn}: `tensor` must have rank >= 1, got a scalar")
+  _check_name(name, fn)
+  lib = runtime.started_library()
+  return lib.ops.mpi_strategy_allgather(
+      tensor, tensor_name=_naming.tensor_name(name, "allgather"))
+
+
+@tf.autograph.experimental.do_not_convert
+def broadcast(tensor, root_rank=0, name=None):
+  """Returns `root_rank`'s `tensor` on every rank.
+
+  Args:
+    tensor: A tensor of any supported dtype; the same shape on every rank.
+    root_rank: The sending rank, an int in [0, size()).
+    name: Pairs the collective across ranks.
+
+  Returns:
+    A `tf.Tensor`.
+
+  Raises:
+    TypeError: `tensor` is not convertible, or `root_rank` is not an int.
+    ValueError: `root_rank` is out of range.
+  """
+  fn = "mpistrategy.ops.broadcast"
+  tensor = _to_tensor(tensor, fn)
+  _check_name(name, fn)
+  try:
+    if isinstance(root_rank, bool):
+      raise TypeError
+    root_rank = operator.index(root_rank)  # int or numpy integer
+  except TypeError:
+    raise TypeError(f"{fn}: `root_rank` must be an int, got "
+                    f"{type(root_rank).__name__} {root_rank!r}") from None
+  lib = runtime.started_library()
+  world = lib.c.mpistrategy_size()
+  if not 0 <= root_rank < world:
+    raise ValueError(f"{fn}: `root_rank` must be in [0, {world}), got "
+                     f"{root_rank}")
+  return lib.ops.mpi_strategy_broadcast(
+      tensor, root_rank=root_rank,
+      tensor_name=_naming.tensor_name(name, "broadcast"))
+
+
+@tf.autograph.experimental.do_not_convert
+def reducescatter(tensor, op=Sum, name=None):
+  """Reduces `tensor` across ranks; each rank keeps a block of the rows.
+
+  With n rows and world size s, rank r gets n // s rows, plus one more for
+  the first n % s ranks, in rank order.
+
+  Args:
+    tensor: A tensor of rank >= 1 (numeric dtypes); the same shape on every
+      rank.
+    op: As for `allreduce`.
+    name: Pairs the collective across ranks.
+
+  Returns:
+    A `tf.Tensor` with this rank's rows of the reduction.
+
+  Raises:
+    TypeError: `tensor` is not convertible to a supported tensor.
+    ValueError: `tensor` is a scalar or `op` is invalid.
+  """
+  fn = "mpistrategy.ops.reducescatter"
+  tensor = _to_tensor(tensor, fn, dtypes=_NUMERIC_DTYPES)
+  if tensor.shape.rank == 0:
+    raise ValueError(f"{fn}: `tensor` must have rank >= 1, got a scalar")
+  op = _reduce_op(op, fn)
+  _check_op_dtype(op, tensor, fn)
+  _check_name(name, fn)
+  lib = runtime.started_library()
+  [tensor], op = _divide_first_if_16_bit([tensor], op, lib)
+  return lib.ops.mpi_strategy_reducescatter(
+      tensor, reduce_op=op.value,
+      tensor_name=_naming.tensor_name(name, "reducescatter"))
+
+
+@tf.autograph.experimental.do_not_convert
+def alltoall(tensor, splits=None, name=None):
+  """Sends block r of `tensor`'s rows to rank r; returns what arrives.
+
+  Args:
+    tensor: A tensor of rank >= 1 (any supported dtype); all dimensions but
+      the first agree across ranks.
+    splits: Rows sent to each rank: a 1-D int32/int64 tensor or list with
+      size() non-negative entries summing to the first dimension, or None
+      for an even split (which must divide the first dimension).
+    name: Pairs the collective across ranks.
+
+  Returns:
+    `(output, received_splits)`: the received rows concatenated in rank
+    order, and the number of rows from each rank (dtype of `splits`, int64
+    when `splits` is None).
+
+  Raises:
+    TypeError: `tensor` or `splits` have unsupported types.
+    ValueError: `tensor` is a scalar, or `splits` is not 1-D or (when its
+      length is known) does not have one entry per rank.
+    tf.errors.InvalidArgumentError: `splits` do not fit the tensor.
+  """
+  fn = "mpistrategy.ops.alltoall"
+  tensor = _to_tensor(tensor, fn)
+  if tensor.shape.rank == 0:
+    raise ValueError(f"{fn}: `tensor` must have rank >= 1, got a scalar")
+  explicit_splits = splits is not None
+  if splits is None:
+    splits = tf.zeros([0], tf.int64)
+  else:
+    if not isinstance(splits, tf.Tensor) and isinstance(splits, (list, tuple)):
+      splits = tf.constant(splits, tf.int64) if splits else tf.zeros(
+          [0], tf.int64)
+    splits = _to_tensor(splits, fn, "splits", dtypes=(tf.int32, tf.int64))
+    if splits.shape.rank is not None and splits.shape.rank != 1:
+      raise ValueError(f"{fn}: `splits` must be 1-D, got shape "
+                       f"{splits.shape}")
+  _check_name(name, fn)
+  lib = runtime.started_library()
+  world = lib.c.mpistrategy_size()
+  if explicit_splits and splits.shape.rank == 1 and splits.shape[0] not in (
+      None, world):
+    # An empty list would otherwise mean an even split (the op's encoding).
+    raise ValueError(f"{fn}: `splits` must have one entry per rank ({world}), "
+                     f"got {splits.shape[0]}; pass None for an even split")
+  output, received = lib.ops.mpi_strategy_alltoall(
+      tensor, splits, tensor_name=_naming.tensor_name(name, "alltoall"))
+  return output, received
+
+
+@tf.autograph.experimental.do_not_convert
+def barrier(name=None):
+  """Blocks until every rank reached the barrier with the same name.
+
+  Args:
+    name: Pairs the barrier across ranks.
+
+  Returns:
+    None when executing eagerly, else the barrier `tf.Operation` (stateful;
+    inside `tf.function` it runs in program order with other stateful ops).
+  """
+  fn = "mpistrategy.ops.barrier"
+  _check_name(name, fn)
+  lib = runtime.started_library()
+  op = lib.ops.mpi_strategy_barrier(
+      tensor_name=_naming.tensor_name(name, "barrier"))
+  return None if tf.executing_eagerly() else op

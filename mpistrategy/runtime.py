@@ -1,0 +1,363 @@
+"""This process's mpistrategy runtime: start, stop, rank, size.
+
+`init` starts MPI (unless already initialized) and the C++ engine through
+the op library's C ABI (cc/kernels/c_api.cc); `shutdown` stops the engine.
+`rank`, `size`, `local_rank` and `local_size` describe the MPI world, and
+`tuned_parameters` the fusion parameters in force.  The C ABI answers with
+a status code (cc/engine/common.h); this module maps it to `ValueError` or
+the `tf.errors` class of that code.
+
+The rest of the package reaches the runtime through `ensure_started` (start
+an engine unless one runs, never restarting one that stopped) and
+`started_library` (the loaded op library, starting the engine first).  An
+uncaught exception on a rank ends every rank (`Options.abort_on_exception`,
+see `_abort_on_exception`).
+"""
+
+import atexit
+import ctypes
+import sys
+import threading
+import time
+import traceback
+
+import tensorflow as tf
+
+from mpistrategy import _library
+from mpistrategy import _output
+from mpistrategy import _tf_threads
+from mpistrategy.options import Options
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "current_options", "rank", "size",
+    "local_rank", "local_size", "mpi_threads_supported", "built_with_cuda",
+    "built_with_nccl", "tuned_parameters", "ensure_started",
+    "started_library",
+]
+
+# StatusCode (cc/engine/common.h) returned by mpistrategy_init: invalid
+# arguments become ValueError, the rest the tf.errors class of that code.
+_INVALID_ARGUMENT = 3
+# After a peer timeout, the engine calls MPI_Abort itself about a second
+# later (cc/kernels/c_api.cc); the excepthook waits longer than that.
+_PEER_TIMEOUT_EXIT_WAIT_SECONDS = 5.0
+# The Options fields the engine receives (the rest are Python's own).
+_ENGINE_FIELDS = (
+    "fusion_threshold_bytes", "cycle_time_ms", "fusion_wait_ms", "autotune",
+    "autotune_log", "cache_capacity", "stall_warning_seconds",
+    "stall_timeout_seconds", "peer_timeout_seconds", "timeline",
+    "hierarchical_allreduce",
+)
+_ERRORS_BY_CODE = {
+    2: tf.errors.UnknownError,
+    4: tf.errors.DeadlineExceededError,
+    9: tf.errors.FailedPreconditionError,
+    10: tf.errors.AbortedError,
+    12: tf.errors.UnimplementedError,
+    13: tf.errors.InternalError,
+    14: tf.errors.UnavailableError,
+}
+
+
+class _State:
+  """This process's view of the engine; guarded by `lock`."""
+
+  def __init__(self):
+    self.lock = threading.RLock()
+    self.options = None          # the Options the engine runs with
+    self.atexit_registered = False
+    self.previous_excepthook = None
+
+
+_state = _State()
+
+
+def _lib():
+  return _library.load()
+
+
+def init(options=None):
+  """Starts mpistrategy: MPI (unless already initialized) and the engine.
+
+  Idempotent: calling it again with the same resolved options does nothing,
+  unless the engine stopped on an error (another rank shut down or raised,
+  a stall timed out): then it starts a new one, which, like the first
+  `init()`, every rank must call.
+  The `MPISTRATEGY_<FIELD>` environment variables override `options` (see
+  `mpistrategy.Options.from_env`).  When several ranks share a host and the
+  launcher did not bind them to CPUs, TensorFlow's thread pools are sized to
+  this rank's share of the host's CPUs unless chosen already (see
+  `mpistrategy._tf_threads`).  MPI is initialized with
+  `MPI_THREAD_MULTIPLE` unless it already is (e.g. by mpi4py, which then
+  keeps owning it); an MPI initialized here is finalized at process exit.
+
+  Args:
+    options: An `mpistrategy.Options`, or None for the defaults.
+
+  Raises:
+    TypeError: `options` is not an `mpistrategy.Options`.
+    ValueError: An option is invalid, or mpistrategy already runs with
+      different options (call `shutdown()` first).
+    tf.errors.OpError: MPI or the engine failed to start (e.g.
+      `tf.errors.FailedPreconditionError` when MPI was finalized already).
+  """
+  _init(options, restart_stopped=True)
+
+
+def _init(options, restart_stopped):
+  """`init`; with `restart_stopped=False` a running engine is kept as it is.
+
+  The library's own calls (the strategy, its cross-device ops) use False:
+  their engine may have stopped because another rank failed to start, and
+  a new start would wait for that rank forever; and an engine the user
+  started with `init(options)` must not be compared with the defaults.
+  """
+  if options is not None and not isinstance(options, Options):
+    raise TypeError("init: options must be an mpistrategy.Options or None, "
+                    f"got {type(options).__name__}")
+  resolved = Options.from_env(base=options)
+  with _state.lock:
+    lib = _lib()
+    # In a fork child the C call below fails with the reason (the engine's
+    # thread and MPI do not survive fork).
+    forked = bool(lib.c.mpistrategy_is_forked_child())
+    stopped = bool(lib.c.mpistrategy_engine_stopped())
+    if not restart_stopped and _state.options is not None and not forked:
+      # The library's own calls only make sure an engine runs: they keep a
+      # stopped one, and one the user started with their own options.
+      if stopped or (options is None and lib.c.mpistrategy_is_initialized()):
+        return
+    # An engine that stopped on an error (a rank shut down or raised, a
+    # stall timed out) is replaced below, like a first init.
+    if (_state.options is not None and lib.c.mpistrategy_is_initialized() and
+        not stopped and not forked):
+      if resolved == _state.options:
+        return
+      diff = ", ".join(
+          f"{name} (running: {getattr(_state.options, name)!r}, requested: "
+          f"{getattr(resolved, name)!r})"
+          for name in resolved.__dataclass_fields__
+          if getattr(resolved, name) != getattr(_state.options, name))
+      raise ValueError(
+          "mpistrategy is already initialized with different options: "
+          f"{diff}; call mpistrategy.shutdown() first")
+    error_buf = ctypes.create_string_buffer(4096)
+    config = _engine_config(resolved)
+    code = lib.c.mpistrategy_init(config, len(config), error_buf,
+                                  len(error_buf))
+    if code != 0:
+      message = error_buf.value.decode(errors="replace")
+      if code == _INVALID_ARGUMENT:
+        raise ValueError(f"mpistrategy.init: {message}")
+      error_class = _ERRORS_BY_CODE.get(code, tf.errors.UnknownError)
+      raise error_class(None, None, f"mpistrategy.init failed: {message}")
+    _state.options = resolved
+    if resolved.verbose:
+      _output.undo_quiet()
+    _tf_threads.share_cpus(lib.c.mpistrategy_local_size())
+    if not _state.atexit_registered:
+      # Registered after mpi4py's own exit handler (if mpi4py was imported
+      # first), so it runs before MPI is finalized.
+      atexit.register(_shutdown_at_exit)
+      _state.atexit_registered = True
+    if resolved.abort_on_exception and lib.c.mpistrategy_size() > 1:
+      _install_excepthook()
+
+
+def _engine_config(options):
+  """The text `mpistrategy_init` takes: "key=value" entries, each NUL-ended.
+
+  The keys are the `_ENGINE_FIELDS` of `options`, parsed on the C++ side by
+  one table (`kConfigFields`, cc/kernels/c_api.cc), which also checks the
+  ranges (EngineConfig::Validate).
+  """
+  entries = []
+  for name in _ENGINE_FIELDS:
+    value = getattr(options, name)
+    if isinstance(value, bool):
+      text = "1" if value else "0"
+    elif isinstance(value, float):
+      text = repr(value)  # round-trips; "inf" and "nan" included
+    else:
+      text = str(value)
+    if "\0" in text:  # it would end the entry early
+      raise ValueError(f"Options.{name} must not contain a NUL character")
+    entries.append(f"{name}={text}\0".encode(errors="surrogateescape"))
+  return b"".join(entries)
+
+
+def shutdown():
+  """Stops the engine; `init()` may be called again afterwards.
+
+  Collectives still pending fail with `tf.errors.AbortedError` on every rank.
+  MPI itself stays initialized until the process exits.  A no-op when not
+  initialized.
+  """
+  with _state.lock:
+    if _library.loaded() is None:
+      return
+    _lib().c.mpistrategy_shutdown()
+    _state.options = None
+    _uninstall_excepthook()
+
+
+def _shutdown_at_exit():
+  try:
+    shutdown()
+  except Exception:  # pylint: disable=broad-except
+    pass  # interpreter teardown: nothing sensible left to report to
+
+
+def is_initialized():
+  """Returns True between `init()` and `shutdown()`.
+
+  Also True after the engine stopped on an error (its collectives then fail
+  with that error until `init()` starts a new engine); see `init`.
+  """
+  if _library.loaded() is None:
+    return False
+  return bool(_lib().c.mpistrategy_is_initialized())
+
+
+def current_options():
+  """Returns the `mpistrategy.Options` the engine runs with, or None."""
+  with _state.lock:
+    return _state.options if is_initialized() else None
+
+
+def ensure_started(options=None):
+  """Starts the engine unless one runs; the library's own start.
+
+  Unlike `init`, an engine that stopped on an error is kept (its collectives
+  fail with that error): it may have stopped because another rank failed to
+  start, and a new start would wait for that rank forever.  And an engine
+  the user started with `init(options)` is kept when `options` is None.
+  The strategy and its cross-device ops call this.
+
+  Args:
+    options: An `mpistrategy.Options` for a first start, or None.
+
+  Raises:
+    As `init`.
+  """
+  _init(options, restart_stopped=False)
+
+
+def started_library():
+  """Returns the loaded op library (`_library.Library`), starting if needed.
+
+  Starts the engine as `ensure_started()` when it is not initialized; the
+  collectives call this before they create an op.
+  """
+  if not is_initialized():
+    _init(None, restart_stopped=False)
+  return _lib()
+
+
+def rank():
+  """Returns this process's rank in the MPI world (initializing if needed)."""
+  return started_library().c.mpistrategy_rank()
+
+
+def size():
+  """Returns the number of processes in the MPI world."""
+  return started_library().c.mpistrategy_size()
+
+
+def local_rank():
+  """Returns this process's rank among the processes on its host."""
+  return started_library().c.mpistrategy_local_rank()
+
+
+def local_size():
+  """Returns the number of processes on this process's host."""
+  return started_library().c.mpistrategy_local_size()
+
+
+def mpi_threads_supported():
+  """Returns True when MPI runs with `MPI_THREAD_MULTIPLE`."""
+  return bool(started_library().c.mpistrategy_mpi_threads_supported())
+
+
+def tuned_parameters():
+  """Returns the fusion parameters in force on this rank.
+
+  Every rank plans fusion with rank 0's parameters (published in the first
+  negotiation).  With `Options.autotune`, they are the autotuner's latest
+  choice: they change while it measures candidates and stop changing once
+  `final` is True.  Without autotune they are the configured ones, final.
+
+  Returns:
+    A dict with keys "fusion_threshold_bytes" (int), "fusion_wait_ms"
+    (float) and "final" (bool).
+
+  Raises:
+    ValueError: mpistrategy is not initialized.
+  """
+  threshold = ctypes.c_int64()
+  wait_ms = ctypes.c_double()
+  final = ctypes.c_int()
+  # The C call also answers "not initialized" (-1), e.g. after a shutdown
+  # on another thread; is_initialized() first avoids loading the library.
+  if not is_initialized() or _lib().c.mpistrategy_tuned_parameters(
+      ctypes.byref(threshold), ctypes.byref(wait_ms), ctypes.byref(final)):
+    raise ValueError("mpistrategy.ops.tuned_parameters: mpistrategy is not "
+                     "initialized; call mpistrategy.init() first")
+  return {"fusion_threshold_bytes": threshold.value,
+          "fusion_wait_ms": wait_ms.value, "final": bool(final.value)}
+
+
+def built_with_cuda():
+  """Returns True when the op library has the GPU kernels."""
+  return bool(_lib().c.mpistrategy_built_with_cuda())
+
+
+def built_with_nccl():
+  """Returns True when the op library can use NCCL for GPU tensors."""
+  return bool(_lib().c.mpistrategy_built_with_nccl())
+
+
+def _describe_rank(lib, which):
+  """"rank N (host H, pid P)", as the engine's messages name ranks."""
+  buf = ctypes.create_string_buffer(512)
+  if lib.c.mpistrategy_describe_rank(which, buf, len(buf)) != 0:
+    return f"rank {which}"
+  return buf.value.decode(errors="replace")
+
+
+def _install_excepthook():
+  """Makes an uncaught exception end every rank instead of hanging them."""
+  if _state.previous_excepthook is not None:
+    return
+  _state.previous_excepthook = sys.excepthook
+  sys.excepthook = _abort_on_exception
+
+
+def _uninstall_excepthook():
+  if _state.previous_excepthook is None:
+    return
+  if sys.excepthook is _abort_on_exception:
+    sys.excepthook = _state.previous_excepthook
+  _state.previous_excepthook = None
+
+
+def _abort_on_exception(exc_type, exc, tb):
+  """sys.excepthook: print with the rank, tell the other ranks, MPI_Abort."""
+  lib = _library.loaded()
+  my_rank = lib.c.mpistrategy_rank() if lib is not None else -1
+  text = "".join(traceback.format_exception(exc_type, exc, tb))
+  sys.stderr.write("".join(f"[rank {my_rank}] {line}\n"
+                           for line in text.rstrip("\n").split("\n")))
+  sys.stderr.flush()
+  if lib is None:
+    return
+  if (isinstance(exc, tf.errors.UnavailableError) and
+      "peer_timeout_seconds" in str(exc)):
+    # A peer timeout: the engine itself ends the job a moment later, after
+    # the other ranks had time to print their own message; an immediate
+    # MPI_Abort here would kill them before they do.
+    time.sleep(_PEER_TIMEOUT_EXIT_WAIT_SECONDS)
+  reason = f"{_describe_rank(lib, my_rank)} raised {exc_type.__name__}: {exc}"
+  lib.c.mpistrategy_abort(reason.encode(errors="replace"), 2.0)
+  lib.c.mpistrategy_mpi_abort(1)
+
