@@ -8,7 +8,9 @@
 //                  a thread of its own (cc/device/fake_device.h); the plane
 //                  is host staging over MPI, or with --ranks-per-host=N
 //                  hierarchical (NCCL's place taken by staging over an MPI
-//                  communicator of N consecutive ranks: simulated hosts).
+//                  communicator of N consecutive ranks: simulated hosts),
+//                  or with --hierarchical alone hierarchical over the real
+//                  hosts (tests/multihost runs it on simulated hosts).
 //                  Built by Bazel and run at np 2 and 3 by
 //                  //cc/device:engine_check_mpi_test.
 //   --device=cuda  cudaMalloc'd buffers, a CUDA stream and events
@@ -133,25 +135,48 @@ class CheckContext : public DeviceContext {
   const std::shared_ptr<Stream>& stream() const override { return stream_; }
 
   // Host staging over the engine's MPI; hierarchical over MPI
-  // communicators of simulated hosts (consecutive ranks).
+  // communicators of simulated hosts (--ranks-per-host: consecutive ranks)
+  // or, with --hierarchical alone, of the real hosts (the ranks that share
+  // memory), as the NCCL plane splits them.
   Status CreatePlane(Transport* control, bool hierarchical, int32_t /*device*/,
                      std::unique_ptr<DataPlane>* plane) const override {
     std::unique_ptr<DataPlane> all(
         new StagingPlane(std::make_unique<HostPlane>(control)));
-    if (!hierarchical || ranks_per_host_ <= 0) {
+    if (!hierarchical) {
       *plane = std::move(all);
       return Status::Ok();
     }
     const int rank = control->rank();
     const int size = control->size();
-    if (size % ranks_per_host_ != 0) {
-      return Status::InvalidArgument("--ranks-per-host must divide the size");
-    }
     MPI_Comm world = static_cast<MpiTransport*>(control)->comm();
     MPI_Comm local_comm = MPI_COMM_NULL;
     MPI_Comm cross_comm = MPI_COMM_NULL;
-    MPI_Comm_split(world, rank / ranks_per_host_, rank, &local_comm);
-    MPI_Comm_split(world, rank % ranks_per_host_, rank, &cross_comm);
+    if (ranks_per_host_ > 0) {
+      if (size % ranks_per_host_ != 0) {
+        return Status::InvalidArgument(
+            "--ranks-per-host must divide the size");
+      }
+      MPI_Comm_split(world, rank / ranks_per_host_, rank, &local_comm);
+      MPI_Comm_split(world, rank % ranks_per_host_, rank, &cross_comm);
+    } else {
+      MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL,
+                          &local_comm);
+      int local_rank = 0;
+      int local_size = 0;
+      MPI_Comm_rank(local_comm, &local_rank);
+      MPI_Comm_size(local_comm, &local_size);
+      // The hierarchical plane needs the same number of ranks on every host.
+      int smallest = 0;
+      int largest = 0;
+      MPI_Allreduce(&local_size, &smallest, 1, MPI_INT, MPI_MIN, world);
+      MPI_Allreduce(&local_size, &largest, 1, MPI_INT, MPI_MAX, world);
+      if (smallest != largest) {
+        MPI_Comm_free(&local_comm);
+        return Status::InvalidArgument(
+            "--hierarchical needs as many ranks on every host");
+      }
+      MPI_Comm_split(world, local_rank, rank, &cross_comm);
+    }
     std::unique_ptr<Transport> local;
     std::unique_ptr<Transport> cross;
     Status s = MpiTransport::Create(local_comm, &local);
