@@ -17,6 +17,7 @@ import pytest
 
 from mpistrategy import Options
 from mpistrategy import run
+from mpistrategy.launch import supervise
 from mpistrategy.launch import command as launch_command
 from procs import alive
 
@@ -508,15 +509,39 @@ def test_exit_status_is_the_commands():
   assert run.run(_command("kill -SEGV $$")) == 128 + signal.SIGSEGV
 
 
+def _rank_shell(ready, on_term):
+  """An "mpirun" (sh) whose child, the "rank", exits `on_term` on SIGTERM.
+
+  A SIGTERM to the outer shell would end it with 143 (it waits for the
+  child), so the tests see that the signal went to the "rank" only.
+  """
+  rank = (f"trap 'exit {on_term}' TERM; touch {ready}; "
+          "while :; do sleep 0.1; done")
+  return f"sh -c \"{rank}\"; exit $?"
+
+
 @pytest.mark.timeout(60)
-def test_sigterm_is_forwarded(tmp_path):
+def test_sigterm_is_forwarded_to_the_ranks(tmp_path):
   ready = tmp_path / "ready"
   thread = _signal_self_when(str(ready), signal.SIGTERM)
   start = time.time()
-  code = run.run(_command(
-      f"trap 'exit 7' TERM; touch {ready}; while :; do sleep 0.1; done"))
+  code = run.run(_command(_rank_shell(ready, 7)))
   thread.join()
   assert code == 128 + signal.SIGTERM
+  assert time.time() - start < 20
+
+
+@pytest.mark.timeout(60)
+def test_ranks_that_exit_preempted_give_42_and_the_signal_is_configurable(
+    tmp_path):
+  ready = tmp_path / "ready"
+  thread = _signal_self_when(str(ready), signal.SIGTERM)
+  command = _command(_rank_shell(ready, 42).replace("TERM", "USR1"))
+  command.env["MPISTRATEGY_PREEMPTION_SIGNAL"] = "USR1"
+  start = time.time()
+  code, received = supervise.run_attempt(command)
+  thread.join()
+  assert (code, received) == (42, [signal.SIGTERM])
   assert time.time() - start < 20
 
 
