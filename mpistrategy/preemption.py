@@ -215,6 +215,8 @@ def exit_preempted(step, exit_fn=None):
        f"{elapsed} with status {EXIT_CODE if exit_fn is None else '(exit_fn)'}")
   if exit_fn is not None:
     exit_fn()
+    # An exit_fn that returns: training goes on, until the next signal.
+    _WATCH.noted_at = None
     return
   sys.stdout.flush()
   sys.exit(EXIT_CODE)
@@ -281,6 +283,7 @@ def patch_preemption_checkpoint_handler():
     self._save_checkpoint(*args, **kwargs)  # pylint: disable=protected-access
     self._stop_poll_termination_signal_thread()  # pylint: disable=protected-access
     exit_preempted(step, self._exit_fn)  # pylint: disable=protected-access
+    self._received_own_sigterm.clear()  # pylint: disable=protected-access
     return None
 
   def __del__(self):

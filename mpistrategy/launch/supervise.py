@@ -4,7 +4,9 @@ The command runs in a session of its own.  SIGINT and SIGHUP are forwarded
 to its process group.  SIGTERM, the signal clusters send before they
 preempt a job, goes to mpirun's children instead, the local ranks, as the
 preemption signal (`mpistrategy.preemption`: SIGTERM unless
-`--preemption-signal` says otherwise): mpirun itself would SIGKILL the
+`--preemption-signal` says otherwise; a rank is a process under mpirun with
+OMPI_COMM_WORLD_RANK, PMIX_RANK or PMI_RANK set, so the ssh connections to
+other hosts are left alone): mpirun itself would SIGKILL the
 ranks one second after a SIGTERM, too soon to save a checkpoint, while one
 signalled rank is enough for every rank to save and exit with status 42.
 (Without local ranks, and under srun, which forwards it to every task,
@@ -71,6 +73,11 @@ def _kill_session(proc):
       pass
 
 
+# Set by Open MPI (and PMIx, MPICH) in each rank's environment, not in
+# mpirun's other children (ssh to the remote daemons).
+_RANK_VARIABLES = (b"OMPI_COMM_WORLD_RANK=", b"PMIX_RANK=", b"PMI_RANK=")
+
+
 def _children(pid):
   """PIDs whose parent is `pid` (Linux /proc; else empty)."""
   pids = []
@@ -92,9 +99,30 @@ def _children(pid):
   return pids
 
 
+def _is_rank(pid):
+  try:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+      variables = f.read().split(b"\0")
+  except OSError:
+    return False
+  return any(v.startswith(_RANK_VARIABLES) for v in variables)
+
+
+def _local_ranks(pid):
+  """The outermost processes under `pid` that are MPI ranks."""
+  ranks, todo = [], _children(pid)
+  while todo:
+    child = todo.pop()
+    if _is_rank(child):
+      ranks.append(child)
+    else:
+      todo.extend(_children(child))
+  return ranks
+
+
 def _forward(proc, launcher, signum, preemption_signal=signal.SIGTERM):
   if launcher == "mpirun" and signum == signal.SIGTERM:
-    ranks = _children(proc.pid)
+    ranks = _local_ranks(proc.pid)
     for pid in ranks:
       try:
         os.kill(pid, preemption_signal)

@@ -512,12 +512,13 @@ def test_exit_status_is_the_commands():
 def _rank_shell(ready, on_term):
   """An "mpirun" (sh) whose child, the "rank", exits `on_term` on SIGTERM.
 
-  A SIGTERM to the outer shell would end it with 143 (it waits for the
-  child), so the tests see that the signal went to the "rank" only.
+  The child has OMPI_COMM_WORLD_RANK set, as ranks have.  A SIGTERM to the
+  outer shell would end it with 143 (it waits for the child), so the tests
+  see that the signal went to the "rank" only.
   """
   rank = (f"trap 'exit {on_term}' TERM; touch {ready}; "
           "while :; do sleep 0.1; done")
-  return f"sh -c \"{rank}\"; exit $?"
+  return f"OMPI_COMM_WORLD_RANK=0 sh -c \"{rank}\"; exit $?"
 
 
 @pytest.mark.timeout(60)
