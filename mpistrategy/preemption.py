@@ -330,6 +330,15 @@ def _skip_batches(model, count):
   model.train_function = skip_then_train
 
 
+def _fit_step(model, batch, epoch):
+  """"12 (batch 4 of epoch 2)": optimizer steps, then Keras' 1-based count."""
+  where = f"batch {batch + 1} of epoch {epoch + 1}"
+  optimizer = getattr(model, "optimizer", None)
+  if optimizer is None:
+    return where
+  return f"{int(optimizer.iterations.numpy())} ({where})"
+
+
 def patch_backup_and_restore():
   """BackupAndRestore: preemption-aware, and resumes at the saved batch.
 
@@ -372,7 +381,7 @@ def patch_backup_and_restore():
         _skip_batches(model, skip)
         self._mpistrategy_done = skip  # pylint: disable=protected-access
         self._last_batch_seen = skip - 1  # pylint: disable=protected-access
-      else:
+      elif _rank() == 0:
         _say("BackupAndRestore: steps_per_execution > 1, so the resumed "
              "epoch starts at its first batch (as Keras does)")
     self._mpistrategy_watching = watch()  # pylint: disable=protected-access
@@ -400,7 +409,7 @@ def patch_backup_and_restore():
       self._last_batch_seen = batch  # pylint: disable=protected-access
       self._save_model()  # pylint: disable=protected-access
       self._stop_watching()
-      exit_preempted(f"{batch + 1} of epoch {self._current_epoch}")  # pylint: disable=protected-access
+      exit_preempted(_fit_step(self.model, batch, self._current_epoch))  # pylint: disable=protected-access
     return result
 
   def on_epoch_end(self, epoch, logs=None):

@@ -26,8 +26,8 @@ GRACE_SECONDS = 25.0      # the launcher's default --kill-after
 PREEMPTED = 42
 
 _SAVED = re.compile(r"mpistrategy: preempted: rank (\d+) saved after step "
-                    r"(\d+)(?: of epoch \d+)? and exits ([0-9.]+) s after "
-                    r"the signal with status 42")
+                    r"(\d+)(?: \(batch \d+ of epoch \d+\))? and exits "
+                    r"([0-9.]+) s after the signal with status 42")
 
 
 def _start(launcher_args, script_args):
@@ -113,6 +113,8 @@ def test_fit_preempted_on_one_rank_then_killed_restarts_and_completes(
     assert text in launcher, job.describe()
   saved = _preempted(job, 2)
   assert {s for s, _ in saved.values()} == {6}, saved
+  assert "saved after step 6 (batch 6 of epoch 1)" in "\n".join(
+      job.stdout + job.stderr)
   assert max(t for _, t in saved.values()) < GRACE_SECONDS, saved
   assert job.events("START") == ["0"] * 2 + ["6"] * 2 + ["10"] * 2, (
       job.describe())
