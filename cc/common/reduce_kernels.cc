@@ -91,12 +91,23 @@ void Divide16(const void* in, void* out, int64_t count, int64_t divisor) {
   for (int64_t i = 0; i < count; ++i) dst[i] = FromFloat(ToFloat(src[i]) / d);
 }
 
+// On x86-64 with GCC, DivideTyped is compiled twice, for AVX2 and for the
+// baseline (SSE2), and the loader picks one for the CPU (an ifunc): AVX2
+// halves the cost of MEAN's division pass, and the library still runs on
+// any x86-64.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MPISTRATEGY_AVX2_CLONES \
+  __attribute__((target_clones("avx2", "default")))
+#else
+#define MPISTRATEGY_AVX2_CLONES
+#endif
+
 // out[i] = in[i] / divisor (or * its exact reciprocal), 32 bytes at a time
 // through GCC/Clang vector types: explicit SIMD whatever the optimisation
 // level (-O2 does not vectorise a loop of unknown length), and safe when
 // `in == out` (each block is loaded before it is stored).
 template <typename T>
-void DivideTyped(const void* in, void* out, int64_t count, int64_t divisor) {
+MPISTRATEGY_AVX2_CLONES void DivideTyped(const void* in, void* out, int64_t count, int64_t divisor) {
   typedef T Vector __attribute__((vector_size(32)));
   constexpr int64_t kLanes = sizeof(Vector) / sizeof(T);
   const char* src = static_cast<const char*>(in);
