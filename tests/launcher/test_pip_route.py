@@ -4,8 +4,9 @@ Builds the sdist from the checkout, checks what it carries, installs it into
 a fresh virtual environment from a directory outside the checkout (pip then
 compiles the op library and the option validation library in an isolated
 build environment with the TensorFlow that pyproject.toml requires; no
-Bazel), and runs a 2-rank job from a third directory through that environment's `mpistrategyrun`.  The
-job must import mpistrategy and its op library from that environment only.
+Bazel), and runs a 2-rank job from a third directory through that
+environment's `mpistrategyrun`.  The job must import mpistrategy and its op
+library from that environment only.
 
 Slow (two TensorFlow installs and a compile: about 5 minutes here, most of
 it pip unpacking TensorFlow), so it is one test.
