@@ -3,7 +3,8 @@
 #   make demo     set up everything, then train the Keras example on 2 MPI ranks
 #   make test     set up everything, then run every test suite (what CI runs)
 #   make lint     ruff (pyproject.toml [tool.ruff]) over the Python files
-#   make build    op library -> mpistrategy/ops/_mpi_ops.so (CPU kernels)
+#   make build    op library -> mpistrategy/ops/_mpi_ops.so (CPU kernels),
+#                 option validation -> mpistrategy/_config.so
 #   make install  build, then install the package into .venv (pip, no compile)
 #   make sdist    source distribution -> dist/mpistrategy-<version>.tar.gz
 #   make build-cuda   + NCCL GPU kernels -> build/cuda/_mpi_ops.so (compile/link check)
@@ -70,6 +71,7 @@ MPIRUN_FLAGS ?= --oversubscribe --bind-to none --mca btl_vader_single_copy_mecha
 KILL_AFTER := --kill-after=30
 
 LIB       := mpistrategy/ops/_mpi_ops.so
+CONFIG_LIB := mpistrategy/_config.so
 CUDA_LIB  := build/cuda/_mpi_ops.so
 VENV_STAMP := $(VENV)/.requirements.stamp
 
@@ -139,8 +141,9 @@ $(VENV_STAMP): $(ROOT)/requirements.txt
 
 # ------------------------------------------------------------------ build
 BUILD_CMD = $(BAZEL_SHUTDOWN_TRAP) $(COPY_LIB) \
-	$(BAZEL) build //cc:_mpi_ops.so; \
-	copy_lib bazel-bin/cc/_mpi_ops.so $(LIB)
+	$(BAZEL) build //cc:_mpi_ops.so //cc:_config.so; \
+	copy_lib bazel-bin/cc/_mpi_ops.so $(LIB); \
+	copy_lib bazel-bin/cc/_config.so $(CONFIG_LIB)
 
 build: deps venv
 	$(call stage,build,$(BUILD_CMD))
@@ -159,9 +162,11 @@ build-cuda: deps venv
 	$(call stage,build-cuda,$(BUILD_CUDA_CMD))
 
 # Installs the checkout into .venv as a user's pip would (a wheel, not an
-# editable link), packaging the library `make build` compiled instead of
-# compiling it again (setup.py: MPISTRATEGY_PREBUILT_LIBRARY).
-INSTALL_CMD = MPISTRATEGY_PREBUILT_LIBRARY="$(ROOT)/$(LIB)" "$(PY)" -m pip install \
+# editable link), packaging the libraries `make build` compiled instead of
+# compiling them again (setup.py: MPISTRATEGY_PREBUILT_LIBRARY,
+# MPISTRATEGY_PREBUILT_CONFIG_LIBRARY).
+INSTALL_CMD = MPISTRATEGY_PREBUILT_LIBRARY="$(ROOT)/$(LIB)" \
+	MPISTRATEGY_PREBUILT_CONFIG_LIBRARY="$(ROOT)/$(CONFIG_LIB)" "$(PY)" -m pip install \
 	    --disable-pip-version-check --no-input --progress-bar off -q \
 	    --no-deps --no-build-isolation --force-reinstall "$(ROOT)"; \
 	rm -rf "$(ROOT)/build/lib"* "$(ROOT)/build/bdist"* "$(ROOT)"/*.egg-info; \
@@ -228,7 +233,7 @@ bench: deps venv build install
 clean:
 	@if command -v $(BAZEL) >/dev/null && [ -e bazel-bin ]; then $(BAZEL) clean; $(BAZEL) shutdown; fi
 	rm -rf build dist *.egg-info .pytest_cache
-	rm -f $(LIB)
+	rm -f $(LIB) $(CONFIG_LIB)
 
 distclean: clean
 	@if command -v $(BAZEL) >/dev/null; then $(BAZEL) clean --expunge; $(BAZEL) shutdown; fi

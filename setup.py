@@ -1,4 +1,4 @@
-"""Builds the op library for pip; the metadata lives in pyproject.toml.
+"""Builds the C++ libraries for pip; the metadata lives in pyproject.toml.
 
     pip install mpistrategy-<version>.tar.gz      # sdist, with build isolation
     pip install .                                 # from a checkout
@@ -7,8 +7,10 @@
     MPISTRATEGY_CUDA=1 pip install .              # + NCCL GPU kernels
 
 Compiles the sources that cc/sources.bzl lists for Bazel's
-`//cc:_mpi_ops.so`, with the same flags, into mpistrategy/ops/_mpi_ops.so.
-The library is tied to the C++ ABI of the TensorFlow it is compiled against:
+`//cc:_mpi_ops.so`, with the same flags, into mpistrategy/ops/_mpi_ops.so,
+and those of `//cc:_config.so` (option validation; no TensorFlow, no MPI)
+into mpistrategy/_config.so.
+The op library is tied to the C++ ABI of the TensorFlow it is compiled against:
 with build isolation that is the newest release that pyproject.toml's
 build requirement allows, so install a matching TensorFlow at run time (the
 runtime requirement has the same range).
@@ -19,6 +21,8 @@ Environment:
   MPISTRATEGY_CUDA=1: also compile the GPU kernels.
   MPISTRATEGY_PREBUILT_LIBRARY: path of an op library already built (by
     `make build`); it is packaged as is instead of compiling.
+  MPISTRATEGY_PREBUILT_CONFIG_LIBRARY: the same for mpistrategy/_config.so
+    (without it, that small library is compiled: a few seconds).
 """
 import ast
 import os
@@ -33,8 +37,10 @@ from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXT_NAME = "mpistrategy.ops._mpi_ops"
+CONFIG_EXT_NAME = "mpistrategy._config"
 CUDA = os.environ.get("MPISTRATEGY_CUDA", "0") == "1"
 PREBUILT = os.environ.get("MPISTRATEGY_PREBUILT_LIBRARY", "")
+PREBUILT_CONFIG = os.environ.get("MPISTRATEGY_PREBUILT_CONFIG_LIBRARY", "")
 
 # cc/sources.bzl list -> the Bazel package its paths are relative to.
 _CPU_LISTS = {
@@ -45,6 +51,12 @@ _CPU_LISTS = {
     "PLANE_SRCS": "cc/transport",
     "MPI_TRANSPORT_SRCS": "cc/transport",
     "KERNEL_SRCS": "cc",
+}
+# The same for //cc:_config.so.
+_CONFIG_LISTS = {
+    "COMMON_SRCS": "cc/common",
+    "ENGINE_CONFIG_SRCS": "cc/engine",
+    "CONFIG_C_API_SRCS": "cc/engine",
 }
 _GPU_LISTS = {
     "COMMON_CUDA_SRCS": "cc/common",
@@ -69,9 +81,11 @@ def _bazel_lists():
   return lists
 
 
-def _sources():
+def _sources(wanted=None):
+  """The .cc files of the op library (default) or of the lists `wanted`."""
   lists = _bazel_lists()
-  wanted = dict(_CPU_LISTS, **(_GPU_LISTS if CUDA else {}))
+  if wanted is None:
+    wanted = dict(_CPU_LISTS, **(_GPU_LISTS if CUDA else {}))
   sources = []
   for name, package in wanted.items():
     if name not in lists:
@@ -129,17 +143,20 @@ def _mpi(what):
 
 
 class BuildExt(build_ext):
-  """Names the library mpistrategy/ops/_mpi_ops.so (no ABI tag), the path
-  mpistrategy/_library.py loads; packages MPISTRATEGY_PREBUILT_LIBRARY when
+  """Names the libraries mpistrategy/ops/_mpi_ops.so and
+  mpistrategy/_config.so (no ABI tag: they are no Python modules), the paths
+  mpistrategy/_library.py and mpistrategy/options.py load; packages
+  MPISTRATEGY_PREBUILT_LIBRARY / MPISTRATEGY_PREBUILT_CONFIG_LIBRARY when
   set."""
 
   def get_ext_filename(self, fullname):
     # Called with the full dotted name and, from get_ext_fullpath, with the
     # last component only.
-    if fullname == EXT_NAME:
-      return os.path.join("mpistrategy", "ops", "_mpi_ops.so")
-    if fullname == EXT_NAME.rsplit(".", 1)[1]:
-      return "_mpi_ops.so"
+    for name in (EXT_NAME, CONFIG_EXT_NAME):
+      if fullname == name:
+        return name.replace(".", os.sep) + ".so"
+      if fullname == name.rsplit(".", 1)[1]:
+        return fullname + ".so"
     return super().get_ext_filename(fullname)
 
   def finalize_options(self):
@@ -148,16 +165,30 @@ class BuildExt(build_ext):
       self.parallel = min(os.cpu_count() or 1, 4)
 
   def build_extension(self, ext):
-    if not PREBUILT:
-      self._add_flags(ext)
+    if ext.name == CONFIG_EXT_NAME:
+      prebuilt = PREBUILT_CONFIG
+      variable = "MPISTRATEGY_PREBUILT_CONFIG_LIBRARY"
+    else:
+      prebuilt, variable = PREBUILT, "MPISTRATEGY_PREBUILT_LIBRARY"
+    if not prebuilt:
+      if ext.name == CONFIG_EXT_NAME:
+        self._add_config_flags(ext)
+      else:
+        self._add_flags(ext)
       super().build_extension(ext)
       return
     target = self.get_ext_fullpath(ext.name)
-    if not os.path.isfile(PREBUILT):
-      sys.exit(f"setup.py: MPISTRATEGY_PREBUILT_LIBRARY={PREBUILT} does not "
-               "exist (run `make build`)")
+    if not os.path.isfile(prebuilt):
+      sys.exit(f"setup.py: {variable}={prebuilt} does not exist (run "
+               "`make build`)")
     os.makedirs(os.path.dirname(target), exist_ok=True)
-    shutil.copyfile(PREBUILT, target)
+    shutil.copyfile(prebuilt, target)
+
+  @staticmethod
+  def _add_config_flags(ext):
+    # As //cc:_config.so: plain C++, no TensorFlow, no MPI.
+    ext.extra_compile_args = ["-std=c++17", "-O2", "-g0"]
+    ext.extra_link_args = ["-Wl,-z,defs", "-Wl,-Bsymbolic"]
 
   @staticmethod
   def _add_flags(ext):
@@ -190,7 +221,13 @@ if __name__ == "__main__":  # setuptools runs this file as __main__
               sources=_sources(),
               language="c++",
               include_dirs=["."],  # "cc/common/common.h" style includes
-          )
+          ),
+          Extension(
+              CONFIG_EXT_NAME,
+              sources=_sources(_CONFIG_LISTS),
+              language="c++",
+              include_dirs=["."],
+          ),
       ],
       cmdclass={"build_ext": BuildExt},
   )

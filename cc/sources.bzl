@@ -29,10 +29,18 @@ CUDA_STREAM_SRCS = [
     "cuda_stream.cc",
 ]
 
-# //cc/engine:config: the engine's configuration and its autotuner.
+# //cc/engine:config: the engine's configuration (the one table that parses
+# mpistrategy's options, and their range checks) and its autotuner.
 ENGINE_CONFIG_SRCS = [
     "autotuner.cc",
     "config.cc",
+]
+
+# //cc/engine:config_c_api: the C ABI of //cc:_config.so, the TF-free
+# library (mpistrategy/_config.so) through which Python validates options;
+# linked with COMMON_SRCS and ENGINE_CONFIG_SRCS.
+CONFIG_C_API_SRCS = [
+    "config_c_api.cc",
 ]
 
 # //cc/engine:engine: negotiation, fusion, execution, timeline.

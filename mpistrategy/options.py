@@ -4,16 +4,54 @@
 an environment variable `MPISTRATEGY_<FIELD>` (upper case), resolved here by
 `Options.from_env`; this module is the only place that reads the environment
 (the C++ engine receives the resolved values).
+
+Ranges are checked in one place, in C++ (`EngineConfig::Validate` and the
+parsing table of cc/engine/config.cc); `Options` reaches that code through
+the small TF-free library `mpistrategy/_config.so` (ctypes) and raises its
+messages unchanged, the same ones `mpistrategy.init` would get.  What stays
+here is Python's own: types and their coercion (numpy integers, path-like
+objects), the parsing of environment strings and the warning about unknown
+variables.
 """
 
+import ctypes
 import dataclasses
-import math
 import numbers
 import operator
 import os
+import threading
 import warnings
 
 __all__ = ["Options"]
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+# Where the validation library is looked for: next to this file (`make
+# build` copies it there, pip installs it there), then Bazel's output tree of
+# a source checkout.
+CONFIG_LIBRARY_PATHS = [
+    os.path.join(_PACKAGE, "_config.so"),
+    os.path.join(os.path.dirname(_PACKAGE), "bazel-bin", "cc", "_config.so"),
+]
+# StatusCode kInvalidArgument (cc/common/common.h).
+_INVALID_ARGUMENT = 3
+
+# The fields the C++ engine receives (`engine_config`), and those the C++
+# configuration table checks (the engine's and Python's own timeout).
+ENGINE_FIELDS = (
+    "fusion_threshold_bytes", "cycle_time_ms", "fusion_wait_ms", "autotune",
+    "autotune_log", "cache_capacity", "stall_warning_seconds",
+    "stall_timeout_seconds", "peer_timeout_seconds", "timeline",
+    "hierarchical_allreduce",
+)
+_VALIDATED_FIELDS = ENGINE_FIELDS + ("checkpoint_read_timeout_seconds",)
+
+_INT_FIELDS = ("fusion_threshold_bytes", "cache_capacity")
+_FLOAT_FIELDS = ("cycle_time_ms", "fusion_wait_ms", "stall_warning_seconds",
+                 "stall_timeout_seconds", "peer_timeout_seconds",
+                 "checkpoint_read_timeout_seconds")
+_PATH_FIELDS = ("timeline", "autotune_log")
+_BOOL_FIELDS = ("autotune", "hierarchical_allreduce", "abort_on_exception",
+                "verbose")
 
 _ENV_PREFIX = "MPISTRATEGY_"
 
@@ -136,7 +174,11 @@ class Options:
 
   Raises:
     TypeError: A field has the wrong type.
-    ValueError: A field has an out-of-range value.
+    ValueError: A field has an out-of-range value (the message is the C++
+      validation's, naming `Options.<field>`, what it accepts and the
+      value).
+    ImportError: The validation library `mpistrategy/_config.so` is
+      missing (a source checkout that was not built: run `make build`).
   """
 
   fusion_threshold_bytes: int = 64 << 20
@@ -155,35 +197,21 @@ class Options:
   verbose: bool = False
 
   def __post_init__(self):
-    _check_int(self, "fusion_threshold_bytes", minimum=0,
-               hint="an integer >= 0 (0 disables fusion)")
-    _check_float(self, "cycle_time_ms", positive=True,
-                 hint="a finite number > 0")
-    _check_float(self, "fusion_wait_ms", positive=False,
-                 hint="a number in [0, 1000] (0 negotiates at once)")
-    if self.fusion_wait_ms > 1000:
-      raise ValueError(
-          "Options.fusion_wait_ms must be a number in [0, 1000] (0 "
-          f"negotiates at once), got {self.fusion_wait_ms!r}")
-    _check_int(self, "cache_capacity", minimum=0, maximum=2**31 - 1,
-               hint="an integer >= 0 (0 disables the cache)")
-    _check_float(self, "stall_warning_seconds", positive=False,
-                 hint="a number >= 0 (0 disables the warning)")
-    _check_float(self, "stall_timeout_seconds", positive=False,
-                 hint="a number >= 0 (0 waits forever)")
-    _check_float(self, "peer_timeout_seconds", positive=False,
-                 hint="a number >= 0 (0 waits for silent peers forever)")
-    _check_float(self, "checkpoint_read_timeout_seconds", positive=True,
-                 hint="a number > 0")
-    for name in ("timeline", "autotune_log"):
-      _check_path(self, name)
-    for name in ("autotune", "hierarchical_allreduce", "abort_on_exception",
-                 "verbose"):
+    for name in _INT_FIELDS:
+      _coerce_int(self, name)
+    for name in _FLOAT_FIELDS:
+      _coerce_float(self, name)
+    for name in _PATH_FIELDS:
+      _coerce_path(self, name)
+    for name in _BOOL_FIELDS:
       value = getattr(self, name)
       if not isinstance(value, bool):
         raise TypeError(
             f"Options.{name} must be True or False, got "
             f"{type(value).__name__} {value!r}")
+    message = validation_error(config_text(self, _VALIDATED_FIELDS))
+    if message is not None:
+      raise ValueError(message)
 
   @classmethod
   def from_env(cls, base=None, environ=None):
@@ -283,35 +311,29 @@ class Options:
     return dataclasses.replace(self, **changes) if changes else self
 
 
-def _check_int(options, name, minimum, hint, maximum=None):
+def _coerce_int(options, name):
   value = getattr(options, name)
   if isinstance(value, bool):
-    raise TypeError(f"Options.{name} must be {hint}, got bool {value!r}")
+    raise TypeError(f"Options.{name} must be an integer, got bool {value!r}")
   try:
     value = operator.index(value)  # int, numpy integers; not float or str
   except TypeError:
     raise TypeError(
-        f"Options.{name} must be {hint}, got {type(value).__name__} "
+        f"Options.{name} must be an integer, got {type(value).__name__} "
         f"{value!r}") from None
   object.__setattr__(options, name, value)
-  if value < minimum or (maximum is not None and value > maximum):
-    raise ValueError(f"Options.{name} must be {hint}, got {value!r}")
 
 
-def _check_float(options, name, positive, hint):
+def _coerce_float(options, name):
   value = getattr(options, name)
   if isinstance(value, bool) or not isinstance(value, numbers.Real):
     raise TypeError(
-        f"Options.{name} must be {hint}, got {type(value).__name__} "
+        f"Options.{name} must be a number, got {type(value).__name__} "
         f"{value!r}")
-  value = float(value)
-  object.__setattr__(options, name, value)
-  if math.isnan(value) or math.isinf(value) or value < 0 or (
-      positive and value == 0):
-    raise ValueError(f"Options.{name} must be {hint}, got {value!r}")
+  object.__setattr__(options, name, float(value))
 
 
-def _check_path(options, name):
+def _coerce_path(options, name):
   value = getattr(options, name)
   if value is None:
     value = ""
@@ -321,7 +343,87 @@ def _check_path(options, name):
     raise TypeError(
         f"Options.{name} must be a file path (str) or empty, got "
         f"{type(getattr(options, name)).__name__} {getattr(options, name)!r}")
+  if "\0" in value:  # it would end its "key=value" entry early
+    raise ValueError(f"Options.{name} must not contain a NUL character")
   object.__setattr__(options, name, value)
+
+
+def config_text(options, names=ENGINE_FIELDS):
+  """The configuration text of the C++ side: "key=value" entries, NUL-ended.
+
+  What `mpistrategy_init` (the engine) and `mpistrategy_validate_config`
+  take; the keys are field names, parsed by one table in
+  cc/engine/config.cc.
+
+  Args:
+    options: An `Options` (its values have their final types).
+    names: The fields to write; default the engine's (`ENGINE_FIELDS`).
+
+  Returns:
+    bytes.
+  """
+  entries = []
+  for name in names:
+    value = getattr(options, name)
+    if isinstance(value, bool):
+      text = "1" if value else "0"
+    elif isinstance(value, float):
+      text = repr(value)  # round-trips; "inf" and "nan" included
+    else:
+      text = str(value)
+    entries.append(f"{name}={text}\0".encode(errors="surrogateescape"))
+  return b"".join(entries)
+
+
+_library_lock = threading.Lock()
+_library = None
+
+
+def _config_library():
+  """The ctypes handle of mpistrategy/_config.so, loaded once."""
+  global _library
+  with _library_lock:
+    if _library is not None:
+      return _library
+    found = [p for p in CONFIG_LIBRARY_PATHS if os.path.isfile(p)]
+    if not found:
+      raise ImportError(
+          "mpistrategy's option validation library _config.so was not found "
+          f"(looked in {', '.join(CONFIG_LIBRARY_PATHS)}); build it with "
+          "`make build` in the source checkout (or `bazel build "
+          "//cc:_config.so`)")
+    try:
+      library = ctypes.CDLL(os.path.abspath(found[0]))
+      validate = library.mpistrategy_validate_config
+    except (OSError, AttributeError) as e:
+      raise ImportError(
+          f"mpistrategy's option validation library {found[0]} failed to "
+          f"load: {e}; rebuild it with `make build`") from e
+    validate.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p,
+                         ctypes.c_int]
+    validate.restype = ctypes.c_int
+    _library = library
+    return _library
+
+
+def validation_error(text):
+  """Runs the C++ validation on configuration text.
+
+  Args:
+    text: bytes, as `config_text` writes them.
+
+  Returns:
+    None when every value is valid, else the C++ message (str).
+  """
+  error_buf = ctypes.create_string_buffer(4096)
+  code = _config_library().mpistrategy_validate_config(
+      text, len(text), error_buf, len(error_buf))
+  if code == 0:
+    return None
+  message = error_buf.value.decode(errors="replace")
+  if code != _INVALID_ARGUMENT:  # the C++ side has no other answer today
+    message = f"option validation failed (status {code}): {message}"
+  return message
 
 
 def _parse_env(variable, name, field_type, text):

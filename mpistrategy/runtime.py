@@ -26,6 +26,7 @@ import tensorflow as tf
 from mpistrategy import _library
 from mpistrategy import _output
 from mpistrategy import _tf_threads
+from mpistrategy import options as options_lib
 from mpistrategy.options import Options
 
 __all__ = [
@@ -41,13 +42,6 @@ _INVALID_ARGUMENT = 3
 # After a peer timeout, the engine calls MPI_Abort itself about a second
 # later (cc/kernels/c_api.cc); the excepthook waits longer than that.
 _PEER_TIMEOUT_EXIT_WAIT_SECONDS = 5.0
-# The Options fields the engine receives (the rest are Python's own).
-_ENGINE_FIELDS = (
-    "fusion_threshold_bytes", "cycle_time_ms", "fusion_wait_ms", "autotune",
-    "autotune_log", "cache_capacity", "stall_warning_seconds",
-    "stall_timeout_seconds", "peer_timeout_seconds", "timeline",
-    "hierarchical_allreduce",
-)
 _ERRORS_BY_CODE = {
     2: tf.errors.UnknownError,
     4: tf.errors.DeadlineExceededError,
@@ -142,7 +136,9 @@ def _init(options, restart_stopped):
           "mpistrategy is already initialized with different options: "
           f"{diff}; call mpistrategy.shutdown() first")
     error_buf = ctypes.create_string_buffer(4096)
-    config = _engine_config(resolved)
+    # The engine parses and validates it with the same C++ code as Options
+    # did (cc/engine/config.cc).
+    config = options_lib.config_text(resolved)
     code = lib.c.mpistrategy_init(config, len(config), error_buf,
                                   len(error_buf))
     if code != 0:
@@ -162,28 +158,6 @@ def _init(options, restart_stopped):
       _state.atexit_registered = True
     if resolved.abort_on_exception and lib.c.mpistrategy_size() > 1:
       _install_excepthook()
-
-
-def _engine_config(options):
-  """The text `mpistrategy_init` takes: "key=value" entries, each NUL-ended.
-
-  The keys are the `_ENGINE_FIELDS` of `options`, parsed on the C++ side by
-  one table (`kConfigFields`, cc/kernels/c_api.cc), which also checks the
-  ranges (EngineConfig::Validate).
-  """
-  entries = []
-  for name in _ENGINE_FIELDS:
-    value = getattr(options, name)
-    if isinstance(value, bool):
-      text = "1" if value else "0"
-    elif isinstance(value, float):
-      text = repr(value)  # round-trips; "inf" and "nan" included
-    else:
-      text = str(value)
-    if "\0" in text:  # it would end the entry early
-      raise ValueError(f"Options.{name} must not contain a NUL character")
-    entries.append(f"{name}={text}\0".encode(errors="surrogateescape"))
-  return b"".join(entries)
 
 
 def shutdown():

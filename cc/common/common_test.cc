@@ -1,4 +1,5 @@
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -119,6 +120,90 @@ TEST(ReduceKernels, BoolAndDivide) {
   EXPECT_EQ(f[1], 3.0f);
   int32_t i[1] = {3};
   EXPECT_EQ(DivideInPlace(DataType::kInt32, i, 1, 3).code(),
+            StatusCode::kInvalidArgument);
+}
+
+// Divide (MEAN's division) is bit for bit the scalar division, whatever the
+// divisor (power of two: multiplied by the reciprocal), the length (vector
+// blocks and the tail), the alignment and in place or not.
+template <typename T>
+void ExpectDivideIsScalarDivision(DataType dtype) {
+  const T denormal = std::numeric_limits<T>::denorm_min();
+  std::vector<T> values = {T(0), -T(0), T(1), T(-3), T(1) / T(3), T(1e30),
+                           std::numeric_limits<T>::max(),
+                           std::numeric_limits<T>::min(), denormal,
+                           T(3) * denormal,
+                           std::numeric_limits<T>::infinity(),
+                           -std::numeric_limits<T>::infinity(),
+                           std::numeric_limits<T>::quiet_NaN()};
+  for (int k = 0; k < 40; ++k) values.push_back(T(k) * T(0.7) - T(11));
+  for (int64_t divisor : {1, 2, 3, 4, 6, 7, 8, 64, 1000}) {
+    for (int64_t count : {0, 1, 7, 8, 9, 33, 53}) {
+      for (int offset : {0, 1}) {  // aligned and unaligned
+        std::vector<T> in(offset + count), out(offset + count, T(-1));
+        for (int64_t i = 0; i < count; ++i) {
+          in[offset + i] = values[i % values.size()];
+        }
+        std::vector<T> inplace = in;
+        ASSERT_TRUE(Divide(dtype, in.data() + offset, out.data() + offset,
+                           count, divisor)
+                        .ok());
+        ASSERT_TRUE(
+            DivideInPlace(dtype, inplace.data() + offset, count, divisor)
+                .ok());
+        for (int64_t i = 0; i < count; ++i) {
+          const T want = in[offset + i] / static_cast<T>(divisor);
+          for (T got : {out[offset + i], inplace[offset + i]}) {
+            if (std::isnan(want)) {
+              EXPECT_TRUE(std::isnan(got));
+            } else {
+              EXPECT_EQ(std::memcmp(&got, &want, sizeof(T)), 0)
+                  << in[offset + i] << " / " << divisor << " = " << want
+                  << ", got " << got;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(ReduceKernels, DivideIsExactlyTheScalarDivision) {
+  ExpectDivideIsScalarDivision<float>(DataType::kFloat32);
+  ExpectDivideIsScalarDivision<double>(DataType::kFloat64);
+}
+
+TEST(ReduceKernels, Divide16RoundsTheFloatQuotient) {
+  std::vector<uint16_t> half, bf16;
+  for (float v : {0.0f, 1.0f, -3.0f, 65504.0f, 1e-7f, 0.3333f, 1000.5f,
+                  std::numeric_limits<float>::infinity(), std::nanf("")}) {
+    half.push_back(FloatToHalf(v));
+    bf16.push_back(FloatToBFloat16(v));
+  }
+  for (int64_t divisor : {2, 3, 8}) {
+    std::vector<uint16_t> h(half.size()), b(bf16.size());
+    ASSERT_TRUE(Divide(DataType::kFloat16, half.data(), h.data(), h.size(),
+                       divisor)
+                    .ok());
+    ASSERT_TRUE(Divide(DataType::kBFloat16, bf16.data(), b.data(), b.size(),
+                       divisor)
+                    .ok());
+    for (size_t i = 0; i < half.size(); ++i) {
+      const float d = static_cast<float>(divisor);
+      const float want_h = HalfToFloat(FloatToHalf(HalfToFloat(half[i]) / d));
+      const float want_b =
+          BFloat16ToFloat(FloatToBFloat16(BFloat16ToFloat(bf16[i]) / d));
+      if (std::isnan(want_h)) {
+        EXPECT_TRUE(std::isnan(HalfToFloat(h[i])));
+        EXPECT_TRUE(std::isnan(BFloat16ToFloat(b[i])));
+        continue;
+      }
+      EXPECT_EQ(HalfToFloat(h[i]), want_h) << i << " / " << divisor;
+      EXPECT_EQ(BFloat16ToFloat(b[i]), want_b) << i << " / " << divisor;
+    }
+  }
+  float f[1] = {1};
+  EXPECT_EQ(DivideInPlace(DataType::kFloat32, f, 1, 0).code(),
             StatusCode::kInvalidArgument);
 }
 

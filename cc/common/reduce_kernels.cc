@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 #include "cc/common/float16.h"
@@ -72,18 +73,65 @@ void ReduceBool(ReduceOp op, const void* in, void* inout, int64_t count) {
   }
 }
 
+// A power of two has an exact reciprocal, and then x * (1 / d) is the same
+// IEEE result as x / d (both round the same exact value once), subnormals,
+// infinities and NaN included; multiplying is several times cheaper.
+bool IsPowerOfTwo(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
 template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
-void Divide16(void* data, int64_t count, int64_t divisor) {
-  uint16_t* p = static_cast<uint16_t*>(data);
+void Divide16(const void* in, void* out, int64_t count, int64_t divisor) {
+  const uint16_t* src = static_cast<const uint16_t*>(in);
+  uint16_t* dst = static_cast<uint16_t*>(out);
   const float d = static_cast<float>(divisor);
-  for (int64_t i = 0; i < count; ++i) p[i] = FromFloat(ToFloat(p[i]) / d);
+  if (IsPowerOfTwo(divisor)) {
+    const float r = 1.0f / d;
+    for (int64_t i = 0; i < count; ++i) dst[i] = FromFloat(ToFloat(src[i]) * r);
+    return;
+  }
+  for (int64_t i = 0; i < count; ++i) dst[i] = FromFloat(ToFloat(src[i]) / d);
 }
 
+// On x86-64 with GCC, DivideTyped is compiled twice, for AVX2 and for the
+// baseline (SSE2), and the loader picks one for the CPU (an ifunc): AVX2
+// halves the cost of MEAN's division pass, and the library still runs on
+// any x86-64.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MPISTRATEGY_AVX2_CLONES \
+  __attribute__((target_clones("avx2", "default")))
+#else
+#define MPISTRATEGY_AVX2_CLONES
+#endif
+
+// out[i] = in[i] / divisor (or * its exact reciprocal), 32 bytes at a time
+// through GCC/Clang vector types: explicit SIMD whatever the optimisation
+// level (-O2 does not vectorise a loop of unknown length), and safe when
+// `in == out` (each block is loaded before it is stored).
 template <typename T>
-void DivideTyped(void* data, int64_t count, int64_t divisor) {
-  T* p = static_cast<T*>(data);
+MPISTRATEGY_AVX2_CLONES void DivideTyped(const void* in, void* out, int64_t count, int64_t divisor) {
+  typedef T Vector __attribute__((vector_size(32)));
+  constexpr int64_t kLanes = sizeof(Vector) / sizeof(T);
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
+  const bool multiply = IsPowerOfTwo(divisor);
   const T d = static_cast<T>(divisor);
-  for (int64_t i = 0; i < count; ++i) p[i] /= d;
+  const T r = static_cast<T>(1) / d;
+  int64_t i = 0;
+  for (; i + kLanes <= count; i += kLanes) {
+    Vector v;
+    std::memcpy(&v, src + i * sizeof(T), sizeof(v));  // unaligned load
+    if (multiply) {
+      v = v * r;
+    } else {
+      v = v / d;
+    }
+    std::memcpy(dst + i * sizeof(T), &v, sizeof(v));
+  }
+  for (; i < count; ++i) {
+    T x;
+    std::memcpy(&x, src + i * sizeof(T), sizeof(T));
+    x = multiply ? x * r : x / d;
+    std::memcpy(dst + i * sizeof(T), &x, sizeof(T));
+  }
 }
 
 }  // namespace
@@ -112,26 +160,35 @@ void ReduceInto(DataType dtype, ReduceOp op, const void* in, void* inout,
   }
 }
 
-Status DivideInPlace(DataType dtype, void* data, int64_t count,
-                     int64_t divisor) {
+Status Divide(DataType dtype, const void* in, void* out, int64_t count,
+              int64_t divisor) {
+  if (divisor <= 0) {
+    return Status::InvalidArgument("cannot divide by " +
+                                   std::to_string(divisor));
+  }
   switch (dtype) {
     case DataType::kFloat16:
-      Divide16<HalfToFloat, FloatToHalf>(data, count, divisor);
+      Divide16<HalfToFloat, FloatToHalf>(in, out, count, divisor);
       return Status::Ok();
     case DataType::kBFloat16:
-      Divide16<BFloat16ToFloat, FloatToBFloat16>(data, count, divisor);
+      Divide16<BFloat16ToFloat, FloatToBFloat16>(in, out, count, divisor);
       return Status::Ok();
     case DataType::kFloat32:
-      DivideTyped<float>(data, count, divisor);
+      DivideTyped<float>(in, out, count, divisor);
       return Status::Ok();
     case DataType::kFloat64:
-      DivideTyped<double>(data, count, divisor);
+      DivideTyped<double>(in, out, count, divisor);
       return Status::Ok();
     default:
       return Status::InvalidArgument(std::string("cannot divide ") +
                                      DataTypeName(dtype) +
                                      " values (mean needs a floating dtype)");
   }
+}
+
+Status DivideInPlace(DataType dtype, void* data, int64_t count,
+                     int64_t divisor) {
+  return Divide(dtype, data, data, count, divisor);
 }
 
 }  // namespace mpistrategy

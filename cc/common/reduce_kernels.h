@@ -19,8 +19,17 @@ namespace mpistrategy {
 void ReduceInto(DataType dtype, ReduceOp op, const void* in, void* inout,
                 int64_t count);
 
-// data[i] /= divisor for floating dtypes (float16/bfloat16 are rounded back
-// to nearest even).  Returns InvalidArgument for non-floating dtypes.
+// out[i] = in[i] / divisor for floating dtypes (float16/bfloat16 are
+// rounded back to nearest even), bit for bit as the scalar division (a
+// power-of-two divisor multiplies by its exact reciprocal).  `in` and `out`
+// are the same buffer or do not overlap.  Vectorised, so that MEAN's
+// division costs about what a copy costs: fold it into a copy that happens
+// anyway (Divide from the source into the destination) rather than adding
+// a pass.  Returns InvalidArgument for non-floating dtypes or divisor <= 0.
+Status Divide(DataType dtype, const void* in, void* out, int64_t count,
+              int64_t divisor);
+
+// Divide(dtype, data, data, count, divisor).
 Status DivideInPlace(DataType dtype, void* data, int64_t count,
                      int64_t divisor);
 

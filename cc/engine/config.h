@@ -1,10 +1,19 @@
-// Engine configuration.  Filled in by Python (mpistrategy/options.py resolves
-// defaults and MPISTRATEGY_* environment overrides); C++ never reads the
-// environment.
+// Engine configuration, and the one place where mpistrategy's options are
+// parsed and range-checked.
+//
+// Python (mpistrategy/options.py) resolves defaults and MPISTRATEGY_*
+// environment overrides and sends the values as text, "key=value" entries
+// each ended by a NUL byte, parsed by one table (kConfigFields in config.cc)
+// and checked by EngineConfig::Validate.  The same two functions serve
+// mpistrategy_init (cc/kernels/c_api.cc) and the TF-free
+// mpistrategy_validate_config (config_c_api.cc, built as mpistrategy/
+// _config.so), which Options calls before anything starts, so every caller
+// gets the same messages.  C++ never reads the environment.
 
 #ifndef MPISTRATEGY_CC_ENGINE_CONFIG_H_
 #define MPISTRATEGY_CC_ENGINE_CONFIG_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -73,9 +82,27 @@ struct EngineConfig {
   // GPU tensors: NCCL inside a node, MPI between nodes.
   bool hierarchical_allreduce = false;
 
-  // Validates the fields; the message names the offending field.
+  // Not used by the engine: how long Python's checkpoint reads wait for the
+  // other ranks (mpistrategy/checkpoint.py).  Here so that every option's
+  // range is checked in one place.
+  double checkpoint_read_timeout_seconds = 120.0;
+
+  // Checks every field's range.  The message names the option as
+  // "Options.<key>" (the key of kConfigFields, mpistrategy.Options' field
+  // name), what it accepts and the value it got.
   Status Validate() const;
 };
+
+// Fills `config` from `length` bytes of "key=value" entries, each ended by a
+// NUL byte; the keys are mpistrategy.Options' field names and a key not
+// given keeps its default.  Unknown or repeated keys, and values that do not
+// parse as the field's type, are InvalidArgument errors.  Ranges are not
+// checked here (see ParseAndValidateConfig).
+Status ParseConfig(const char* text, size_t length, EngineConfig* config);
+
+// ParseConfig, then EngineConfig::Validate.
+Status ParseAndValidateConfig(const char* text, size_t length,
+                              EngineConfig* config);
 
 }  // namespace mpistrategy
 

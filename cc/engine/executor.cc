@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cc/common/reduce_kernels.h"
+
 namespace mpistrategy {
 
 Status AllocateOutput(TensorEntry* entry, const Shape& shape, void** data) {
@@ -259,14 +261,26 @@ Status Executor::Allreduce(const Bucket& bucket,
     offset += bytes;
   }
   if (trace) t1 = timeline_->Now();
-  MPISTRATEGY_RETURN_IF_ERROR(
-      plane->Allreduce(buffer, buffer, total, dtype, op, stream));
+  // On the host, MEAN's division rides on the copies out (Divide is as cheap
+  // as a copy) instead of being a pass of its own over the buffer.
+  const bool divide_on_copy_out = host && op == ReduceOp::kMean;
+  MPISTRATEGY_RETURN_IF_ERROR(plane->Allreduce(
+      buffer, buffer, total, dtype, divide_on_copy_out ? ReduceOp::kSum : op,
+      stream));
   if (trace) t2 = timeline_->Now();
   offset = 0;
   for (size_t k = 0; k < responses.size(); ++k) {
-    const int64_t bytes = NumElements(responses[k]->shapes[0]) * element_size;
-    MPISTRATEGY_RETURN_IF_ERROR(stream->Memcpy(
-        entries[k]->output, buffer + offset, bytes, CopyKind::kDeviceToDevice));
+    const int64_t count = NumElements(responses[k]->shapes[0]);
+    const int64_t bytes = count * element_size;
+    if (divide_on_copy_out) {
+      MPISTRATEGY_RETURN_IF_ERROR(Divide(dtype, buffer + offset,
+                                         entries[k]->output, count,
+                                         plane->size()));
+    } else {
+      MPISTRATEGY_RETURN_IF_ERROR(
+          stream->Memcpy(entries[k]->output, buffer + offset, bytes,
+                         CopyKind::kDeviceToDevice));
+    }
     offset += bytes;
   }
   if (trace) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <future>
 #include <memory>
@@ -383,6 +384,66 @@ TEST(Negotiation, EnqueueGroupFusesTheWholeGroup) {
     EngineStats s = c.engines[r]->stats();
     EXPECT_EQ(s.buckets, 1) << "rank " << r;
     EXPECT_EQ(s.fused_buckets, 1) << "rank " << r;
+  }
+}
+
+// MEAN through the fusion buffer: the division happens on the copies out
+// of the buffer, for float32 and float64 tensors of odd and empty sizes, and
+// is the scalar division of the sum (3 ranks: not a power of two), NaN
+// included.
+TEST(Negotiation, FusedMeanDividesOnTheCopiesOut) {
+  const int n = 3;
+  const int64_t kCounts[] = {37, 0, 1, 8, 53};
+  Cluster c(n);
+  for (DataType dtype : {DataType::kFloat32, DataType::kFloat64}) {
+    OnEveryRank(n, [&](int rank) {
+      std::vector<std::vector<char>> ins, outs;
+      std::vector<TensorEntry> group;
+      std::vector<std::future<Status>> fs;
+      for (int64_t count : kCounts) {
+        ins.push_back(Buffer(dtype, count));
+        outs.push_back(Buffer(dtype, count));
+      }
+      for (size_t t = 0; t < ins.size(); ++t) {
+        for (int64_t i = 0; i < kCounts[t]; ++i) {
+          double v = (rank + 1) * (i + 1) + 0.25 * t;
+          if (t == 0 && i == 5 && rank == 1) v = std::nan("");
+          Set(dtype, &ins[t], i, v);
+        }
+        TensorEntry e = AllreduceEntry(
+            std::string("mean.") + DataTypeName(dtype) + "." +
+                std::to_string(t),
+            dtype, {kCounts[t]}, ins[t], &outs[t], ReduceOp::kMean);
+        auto promise = std::make_shared<std::promise<Status>>();
+        fs.push_back(promise->get_future());
+        e.done = [promise](const Status& s) { promise->set_value(s); };
+        group.push_back(std::move(e));
+      }
+      EXPECT_TRUE(c.engines[rank]->EnqueueGroup(std::move(group)).ok());
+      for (size_t t = 0; t < fs.size(); ++t) {
+        Status s = Await(&fs[t]);
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        for (int64_t i = 0; i < kCounts[t]; ++i) {
+          const double got = Get(dtype, outs[t], i);
+          if (t == 0 && i == 5) {
+            EXPECT_TRUE(std::isnan(got));
+            continue;
+          }
+          // Integer-valued sums are exact in either dtype, so the mean is
+          // the division of that sum, rounded in the dtype.
+          const double sum = 6.0 * (i + 1) + 0.75 * t;
+          const double want =
+              dtype == DataType::kFloat32
+                  ? static_cast<double>(static_cast<float>(sum) / 3.0f)
+                  : sum / 3.0;
+          ASSERT_EQ(got, want) << DataTypeName(dtype) << " tensor " << t
+                               << " element " << i;
+        }
+      }
+    });
+  }
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(c.engines[r]->stats().fused_buckets, 2) << "rank " << r;
   }
 }
 

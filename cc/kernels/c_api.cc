@@ -17,17 +17,13 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
-#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <set>
 #include <string>
-#include <system_error>
 #include <thread>
 
 #include "cc/common/common.h"
@@ -171,147 +167,6 @@ void CopyMessage(const std::string& message, char* buffer, int length) {
   buffer[n] = '\0';
 }
 
-// The text mpistrategy_init receives: "key=value" entries, each ended by a
-// NUL byte (a path cannot contain one).  `kConfigFields` is the one table
-// from keys to EngineConfig fields; a key not given keeps its default.
-// Ranges are checked afterwards by EngineConfig::Validate.
-
-// std::from_chars: locale-independent (a program may set LC_NUMERIC).
-Status ParseInt64(const std::string& key, const std::string& text,
-                  int64_t* out) {
-  const char* end = text.data() + text.size();
-  const std::from_chars_result result =
-      std::from_chars(text.data(), end, *out);
-  if (text.empty() || result.ec != std::errc() || result.ptr != end) {
-    return Status::InvalidArgument("configuration value " + key +
-                                   " must be a decimal integer, got '" +
-                                   text + "'");
-  }
-  return Status::Ok();
-}
-
-Status ParseInt32(const std::string& key, const std::string& text,
-                  int32_t* out) {
-  int64_t value = 0;
-  MPISTRATEGY_RETURN_IF_ERROR(ParseInt64(key, text, &value));
-  if (value < INT32_MIN || value > INT32_MAX) {
-    return Status::InvalidArgument("configuration value " + key +
-                                   " must fit in 32 bits, got " + text);
-  }
-  *out = static_cast<int32_t>(value);
-  return Status::Ok();
-}
-
-Status ParseDouble(const std::string& key, const std::string& text,
-                   double* out) {
-  const char* end = text.data() + text.size();
-  const std::from_chars_result result =
-      std::from_chars(text.data(), end, *out);
-  if (text.empty() || result.ec != std::errc() || result.ptr != end) {
-    return Status::InvalidArgument("configuration value " + key +
-                                   " must be a number, got '" + text + "'");
-  }
-  return Status::Ok();
-}
-
-Status ParseBool(const std::string& key, const std::string& text, bool* out) {
-  if (text != "0" && text != "1") {
-    return Status::InvalidArgument("configuration value " + key +
-                                   " must be 0 or 1, got '" + text + "'");
-  }
-  *out = text == "1";
-  return Status::Ok();
-}
-
-struct ConfigField {
-  const char* key;  // mpistrategy.Options' field name
-  Status (*set)(const std::string& key, const std::string& text,
-                EngineConfig* config);
-};
-
-const ConfigField kConfigFields[] = {
-    {"fusion_threshold_bytes",
-     [](const std::string& k, const std::string& t, EngineConfig* c) {
-       return ParseInt64(k, t, &c->fusion_threshold_bytes);
-     }},
-    {"cycle_time_ms",
-     [](const std::string& k, const std::string& t, EngineConfig* c) {
-       return ParseDouble(k, t, &c->cycle_time_ms);
-     }},
-    {"fusion_wait_ms",
-     [](const std::string& k, const std::string& t, EngineConfig* c) {
-       return ParseDouble(k, t, &c->fusion_wait_ms);
-     }},
-    {"autotune",
-     [](const std::string& k, const std::string& t, EngineConfig* c) {
-       return ParseBool(k, t, &c->autotune);
-     }},
-    {"autotune_log",
-     [](const std::string&, const std::string& t, EngineConfig* c) {
-       c->autotune_log = t;
-       return Status::Ok();
-     }},
-    {"cache_capacity",
-     [](const std::string& k, const std::string& t, EngineConfig* c) {
-       return ParseInt32(k, t, &c->cache_capacity);
-     }},
-    {"stall_warning_seconds",
-     [](const std::string& k, const std::string& t, EngineConfig* c) {
-       return ParseDouble(k, t, &c->stall_warning_seconds);
-     }},
-    {"stall_timeout_seconds",
-     [](const std::string& k, const std::string& t, EngineConfig* c) {
-       return ParseDouble(k, t, &c->stall_timeout_seconds);
-     }},
-    {"peer_timeout_seconds",
-     [](const std::string& k, const std::string& t, EngineConfig* c) {
-       return ParseDouble(k, t, &c->peer_timeout_seconds);
-     }},
-    {"timeline",
-     [](const std::string&, const std::string& t, EngineConfig* c) {
-       c->timeline_path = t;
-       return Status::Ok();
-     }},
-    {"hierarchical_allreduce",
-     [](const std::string& k, const std::string& t, EngineConfig* c) {
-       return ParseBool(k, t, &c->hierarchical_allreduce);
-     }},
-};
-
-// Fills `config` from `length` bytes of "key=value\0" entries.  Unknown and
-// repeated keys are errors (a misspelt key would otherwise be ignored).
-Status ParseConfig(const char* text, size_t length, EngineConfig* config) {
-  std::set<std::string> seen;
-  size_t start = 0;
-  while (start < length) {
-    const char* entry_begin = text + start;
-    const size_t entry_length = strnlen(entry_begin, length - start);
-    const std::string entry(entry_begin, entry_length);
-    start += entry_length + 1;
-    const size_t equals = entry.find('=');
-    if (equals == std::string::npos) {
-      return Status::InvalidArgument(
-          "configuration entry '" + entry + "' is not key=value");
-    }
-    const std::string key = entry.substr(0, equals);
-    const std::string value = entry.substr(equals + 1);
-    const ConfigField* field = nullptr;
-    for (const ConfigField& candidate : kConfigFields) {
-      if (key == candidate.key) field = &candidate;
-    }
-    if (field == nullptr) {
-      return Status::InvalidArgument("unknown configuration key '" + key +
-                                     "'");
-    }
-    if (!seen.insert(key).second) {
-      return Status::InvalidArgument("configuration key '" + key +
-                                     "' is given twice");
-    }
-    MPISTRATEGY_RETURN_IF_ERROR(field->set(key, value, config));
-  }
-  return Status::Ok();
-}
-
 // A property of the running engine, or -1 when not initialized.
 template <typename Getter>
 int EngineProperty(Getter getter) {
@@ -326,8 +181,10 @@ extern "C" {
 
 // Starts the engine over MPI_COMM_WORLD (initializing MPI if needed).
 // `config` holds `config_length` bytes of "key=value" entries, each ended by
-// a NUL byte; the keys are mpistrategy.Options' field names (see
-// kConfigFields) and a key not given keeps EngineConfig's default.  Returns
+// a NUL byte; the keys are mpistrategy.Options' field names, parsed by the
+// one table in cc/engine/config.cc (ParseConfig), and a key not given keeps
+// EngineConfig's default.  EngineHolder::Init range-checks the result with
+// EngineConfig::Validate, as mpistrategy_validate_config does.  Returns
 // 0 on success, else a StatusCode (common.h) with the message copied
 // (NUL-terminated, truncated to error_len) to error_buf.  A second call with
 // the same configuration is a no-op.

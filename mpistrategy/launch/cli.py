@@ -258,7 +258,7 @@ def main(argv=None):
   try:
     command = command_lib.build_command(args, environ, launcher, launcher_path,
                             mpi_flavour=flavour or "openmpi")
-  except ValueError as e:
+  except (ValueError, ImportError) as e:  # ImportError: not built (Options)
     supervise.say(f"error: {e}")
     return 2
   if args.verbose:

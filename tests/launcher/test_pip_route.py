@@ -2,10 +2,11 @@
 
 Builds the sdist from the checkout, checks what it carries, installs it into
 a fresh virtual environment from a directory outside the checkout (pip then
-compiles the op library in an isolated build environment with the
-TensorFlow that pyproject.toml requires; no Bazel), and runs a 2-rank job
-from a third directory through that environment's `mpistrategyrun`.  The
-job must import mpistrategy and its op library from that environment only.
+compiles the op library and the option validation library in an isolated
+build environment with the TensorFlow that pyproject.toml requires; no
+Bazel), and runs a 2-rank job from a third directory through that
+environment's `mpistrategyrun`.  The job must import mpistrategy and its op
+library from that environment only.
 
 The isolated build environment gets its own TensorFlow, as on a user's
 machine.  The fresh environment borrows the runtime requirements
@@ -38,7 +39,13 @@ import tensorflow as tf
 import mpistrategy
 from mpistrategy import ops
 from mpistrategy import _library
+from mpistrategy import options as options_lib
 
+try:
+  mpistrategy.Options(cycle_time_ms=0)
+except ValueError as e:
+  print(f"REJECTED {e}", flush=True)
+print(f"CONFIG {options_lib._config_library()._name}", flush=True)
 rank = mpistrategy.rank()
 total = ops.allreduce(tf.fill([3], float(rank + 1)), name="pip-route")
 print(f"MODULE {rank} {mpistrategy.__file__}", flush=True)
@@ -133,6 +140,10 @@ def test_sdist_installs_with_build_isolation_and_runs_two_ranks(tmp_path):
       check=False, stdin=subprocess.DEVNULL)
   output = proc.stdout + proc.stderr
   assert proc.returncode == 0, output[-8000:]
+  # The option validation library was compiled and installed too.
+  assert f"CONFIG {site}/mpistrategy/_config.so" in output, output
+  assert ("REJECTED Options.cycle_time_ms must be a finite number > 0, got 0"
+          in output), output
   for rank in range(2):
     assert f"MODULE {rank} {site}/mpistrategy/__init__.py" in output, output
     assert f"LIBRARY {rank} {site}/mpistrategy/ops/_mpi_ops.so" in output, \

@@ -16,6 +16,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 LIB = os.path.join(ROOT, "mpistrategy", "ops", "_mpi_ops.so")
+CONFIG_LIB = os.path.join(ROOT, "mpistrategy", "_config.so")
 CUDA_LIB = os.path.join(ROOT, "build", "cuda", "_mpi_ops.so")
 
 # Runs in a child interpreter: loads the library with tf.load_op_library and
@@ -104,6 +105,23 @@ def test_library_links_only_tf_and_mpi():
                for n in needed), needed
     assert any(n.startswith("libmpi.so") for n in needed), needed
     assert not [n for n in needed if "cuda" in n or "nccl" in n], needed
+
+
+def test_config_library_needs_neither_tf_nor_mpi():
+    """mpistrategy/_config.so (option validation) loads without TensorFlow
+    and MPI, so that Options() and the launcher stay light."""
+    assert os.path.isfile(CONFIG_LIB), (
+        "%s is missing: run `make build`" % CONFIG_LIB)
+    out = subprocess.run(["readelf", "-d", CONFIG_LIB], capture_output=True,
+                         text=True, check=True).stdout
+    needed = [l.split("[", 1)[1].rstrip("]") for l in out.splitlines()
+              if "(NEEDED)" in l]
+    assert needed, out
+    assert not [n for n in needed if "tensorflow" in n or "mpi" in n
+                or "python" in n], needed
+    out = subprocess.run(["readelf", "--dyn-syms", "-W", CONFIG_LIB],
+                         capture_output=True, text=True, check=True).stdout
+    assert " mpistrategy_validate_config" in out, out
 
 
 def test_cuda_build_registers_gpu_kernels_if_built():

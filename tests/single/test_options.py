@@ -1,11 +1,13 @@
 """mpistrategy.Options: validation, environment overrides, merge/replace."""
 
+import ctypes
 import dataclasses
 import warnings
 
 import pytest
 
 from mpistrategy import Options
+from mpistrategy import options as options_lib
 
 
 def test_defaults():
@@ -29,29 +31,104 @@ def test_frozen():
     Options().cycle_time_ms = 3.0
 
 
-@pytest.mark.parametrize("field, value, accepted", [
-    ("fusion_threshold_bytes", -1, "an integer >= 0"),
-    ("cycle_time_ms", 0, "a finite number > 0"),
-    ("cycle_time_ms", float("nan"), "a finite number > 0"),
-    ("cycle_time_ms", float("inf"), "a finite number > 0"),
-    ("cache_capacity", -3, "an integer >= 0"),
-    ("cache_capacity", 2**31, "an integer >= 0"),
-    ("stall_warning_seconds", -0.5, "a number >= 0"),
-    ("stall_timeout_seconds", -1, "a number >= 0"),
-    ("peer_timeout_seconds", -1, "a number >= 0"),
-    ("peer_timeout_seconds", float("inf"), "a number >= 0"),
-    ("fusion_wait_ms", -0.1, "a number in [0, 1000]"),
-    ("fusion_wait_ms", 1500, "a number in [0, 1000]"),
-    ("fusion_wait_ms", float("nan"), "a number in [0, 1000]"),
+# The messages are the C++ validation's (cc/engine/config.cc), unchanged.
+@pytest.mark.parametrize("field, value, message", [
+    ("fusion_threshold_bytes", -1, "Options.fusion_threshold_bytes must be "
+     "an integer >= 0 (0 disables fusion), got -1"),
+    ("fusion_threshold_bytes", 2**64, "Options.fusion_threshold_bytes must "
+     "be an integer that fits in 64 bits, got 18446744073709551616"),
+    ("cycle_time_ms", 0, "Options.cycle_time_ms must be a finite number > 0, "
+     "got 0"),
+    ("cycle_time_ms", float("nan"), "Options.cycle_time_ms must be a finite "
+     "number > 0, got nan"),
+    ("cycle_time_ms", float("inf"), "Options.cycle_time_ms must be a finite "
+     "number > 0, got inf"),
+    ("cache_capacity", -3, "Options.cache_capacity must be an integer in "
+     "[0, 2147483647] (0 disables the response cache), got -3"),
+    ("cache_capacity", 2**31, "Options.cache_capacity must be an integer in "
+     "[0, 2147483647] (0 disables the response cache), got 2147483648"),
+    ("stall_warning_seconds", -0.5, "Options.stall_warning_seconds must be a "
+     "finite number >= 0 (0 disables the warning), got -0.5"),
+    ("stall_timeout_seconds", -1, "Options.stall_timeout_seconds must be a "
+     "finite number >= 0 (0 waits forever), got -1"),
+    ("peer_timeout_seconds", -1, "Options.peer_timeout_seconds must be a "
+     "finite number >= 0 (0 waits for silent peers forever), got -1"),
+    ("peer_timeout_seconds", float("inf"), "Options.peer_timeout_seconds "
+     "must be a finite number >= 0 (0 waits for silent peers forever), got "
+     "inf"),
+    ("fusion_wait_ms", -0.1, "Options.fusion_wait_ms must be a number in "
+     "[0, 1000] (0 negotiates at once), got -0.1"),
+    ("fusion_wait_ms", 1500, "Options.fusion_wait_ms must be a number in "
+     "[0, 1000] (0 negotiates at once), got 1500"),
+    ("fusion_wait_ms", float("nan"), "Options.fusion_wait_ms must be a "
+     "number in [0, 1000] (0 negotiates at once), got nan"),
+    ("checkpoint_read_timeout_seconds", 0, "Options."
+     "checkpoint_read_timeout_seconds must be a finite number > 0, got 0"),
 ])
-def test_out_of_range_values_name_field_and_accepted_values(field, value,
-                                                            accepted):
+def test_out_of_range_values_name_field_accepted_values_and_value(field, value,
+                                                                  message):
   with pytest.raises(ValueError) as info:
     Options(**{field: value})
-  message = str(info.value)
-  assert f"Options.{field}" in message
-  assert accepted in message
-  assert repr(float(value) if "number" in accepted else value) in message
+  assert str(info.value) == message
+
+
+def _c_validate(text):
+  """Calls mpistrategy_validate_config itself: (code, message)."""
+  library = ctypes.CDLL(options_lib._config_library()._name)  # pylint: disable=protected-access
+  error = ctypes.create_string_buffer(4096)
+  library.mpistrategy_validate_config.argtypes = [
+      ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_int]
+  code = library.mpistrategy_validate_config(text, len(text), error,
+                                             len(error))
+  return code, error.value.decode()
+
+
+@pytest.mark.parametrize("field, value, text", [
+    ("cycle_time_ms", 0.0, b"cycle_time_ms=0.0\0"),
+    ("cache_capacity", 2**31, b"cache_capacity=2147483648\0"),
+    ("fusion_wait_ms", float("nan"), b"fusion_wait_ms=nan\0"),
+    ("checkpoint_read_timeout_seconds", -2.5,
+     b"checkpoint_read_timeout_seconds=-2.5\0"),
+])
+def test_validation_has_one_place_the_c_library(field, value, text):
+  """Python raises exactly what the C ABI answers: no checks of its own."""
+  code, message = _c_validate(text)
+  assert code == 3 and message.startswith(f"Options.{field} must be ")
+  with pytest.raises(ValueError) as info:
+    Options(**{field: value})
+  assert str(info.value) == message
+
+
+def test_every_validated_field_goes_to_the_c_library(monkeypatch):
+  """A value the C++ side rejects is rejected, whatever Python thinks of it."""
+  seen = []
+
+  def fake(text):
+    seen.append(text)
+    if b"cycle_time_ms=7.0\0" in text:
+      return "rejected by C++ (test)"
+    return None
+
+  monkeypatch.setattr(options_lib, "validation_error", fake)
+  with pytest.raises(ValueError, match=r"^rejected by C\+\+ \(test\)$"):
+    Options(cycle_time_ms=7)
+  keys = {e.split(b"=", 1)[0].decode() for e in seen[-1].split(b"\0") if e}
+  python_only = {"abort_on_exception", "verbose"}
+  assert keys == {f.name for f in dataclasses.fields(Options)} - python_only
+
+
+def test_nul_in_a_path_is_rejected():
+  with pytest.raises(ValueError, match="Options.timeline must not contain a "
+                     "NUL character"):
+    Options(timeline="/tmp/a\0b")
+
+
+def test_missing_validation_library_says_to_build(monkeypatch, tmp_path):
+  monkeypatch.setattr(options_lib, "CONFIG_LIBRARY_PATHS",
+                      [str(tmp_path / "_config.so")])
+  monkeypatch.setattr(options_lib, "_library", None)
+  with pytest.raises(ImportError, match="make build"):
+    Options()
 
 
 @pytest.mark.parametrize("field, value", [
@@ -146,8 +223,10 @@ def test_peer_timeout_from_env(monkeypatch):
     ("MPISTRATEGY_CYCLE_TIME_MS", "fast", "decimal number"),
     ("MPISTRATEGY_FUSION_THRESHOLD_BYTES", "64MB", "decimal integer"),
     ("MPISTRATEGY_ABORT_ON_EXCEPTION", "maybe", "1, true, yes, on, 0, false"),
-    ("MPISTRATEGY_FUSION_THRESHOLD_BYTES", "-5", "an integer >= 0"),
-    ("MPISTRATEGY_CYCLE_TIME_MS", "0", "a finite number > 0"),
+    ("MPISTRATEGY_FUSION_THRESHOLD_BYTES", "-5", "Options.fusion_threshold_"
+     "bytes must be an integer >= 0 (0 disables fusion), got -5"),
+    ("MPISTRATEGY_CYCLE_TIME_MS", "0", "Options.cycle_time_ms must be a "
+     "finite number > 0, got 0"),
 ])
 def test_from_env_bad_values_name_variable_value_and_accepted(variable, value,
                                                               expected):

@@ -41,6 +41,7 @@ def test_metadata_license_and_ranges():
   files = [str(f) for f in importlib.metadata.files("mpistrategy")]
   assert any(f.endswith("LICENSE") for f in files), files
   assert "mpistrategy/ops/_mpi_ops.so" in files
+  assert "mpistrategy/_config.so" in files
 
 
 def test_console_script_runs_the_launcher(tmp_path):
@@ -122,7 +123,8 @@ def _bazel_lists():
 @pytest.mark.parametrize("package,lists", [
     ("cc/common", ["COMMON_SRCS", "COMMON_MPI_SRCS", "COMMON_CUDA_SRCS"]),
     ("cc/device", ["CUDA_STREAM_SRCS"]),
-    ("cc/engine", ["ENGINE_CONFIG_SRCS", "ENGINE_SRCS"]),
+    ("cc/engine", ["ENGINE_CONFIG_SRCS", "CONFIG_C_API_SRCS",
+                   "ENGINE_SRCS"]),
     ("cc/transport", ["PLANE_SRCS", "MPI_TRANSPORT_SRCS", "NCCL_PLANE_SRCS"]),
 ])
 def test_source_list_has_every_library_file(package, lists):
