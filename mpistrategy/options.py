@@ -110,6 +110,21 @@ class Options:
       the timeline.
     hierarchical_allreduce: GPU tensors: NCCL inside a node, MPI between
       nodes.  Default False.
+    data_plane: How CPU tensors travel.  "auto" (the default): through a
+      POSIX shared-memory segment among the ranks of each host (each rank
+      reduces its share of every rank's buffer, then copies the others'
+      shares), and when the job spans several hosts, with the same number
+      of ranks on each, MPI between hosts for allreduce (each rank's share
+      across hosts) and MPI for the other collectives; where that cannot
+      be used (one rank per host, hosts of different sizes, /dev/shm too
+      small or missing) everything goes through MPI and rank 0 logs why
+      once.  "mpi": MPI only.  "shm": as "auto", but a job that cannot use
+      shared memory fails to start, saying why.  Alltoall always uses MPI.
+      The segment is unlinked from /dev/shm as soon as every rank of the
+      host has mapped it, so nothing is left behind however the job ends.
+    shm_bytes: Size of each host's shared-memory segment in bytes (taken
+      from /dev/shm); a tensor larger than this moves in several rounds.
+      An integer >= 1048576.  Default 16777216 (16 MiB).
     abort_on_exception: When True (the default) and the world has more than
       one rank, `mpistrategy.init()` installs a `sys.excepthook` that prints
       the uncaught exception prefixed with the rank, tells the other ranks'
@@ -148,6 +163,8 @@ class Options:
   peer_timeout_seconds: float = 120.0
   timeline: str = ""
   hierarchical_allreduce: bool = False
+  data_plane: str = "auto"
+  shm_bytes: int = 16 << 20
   abort_on_exception: bool = True
   checkpoint_read_timeout_seconds: float = 120.0
   verbose: bool = False
@@ -175,6 +192,17 @@ class Options:
                  hint="a number > 0")
     for name in ("timeline", "autotune_log"):
       _check_path(self, name)
+    if not isinstance(self.data_plane, str):
+      raise TypeError(
+          'Options.data_plane must be "auto", "mpi" or "shm", got '
+          f"{type(self.data_plane).__name__} {self.data_plane!r}")
+    if self.data_plane.strip().lower() not in _DATA_PLANES:
+      raise ValueError(
+          'Options.data_plane must be "auto", "mpi" or "shm", got '
+          f"{self.data_plane!r}")
+    object.__setattr__(self, "data_plane", self.data_plane.strip().lower())
+    _check_int(self, "shm_bytes", minimum=1 << 20, maximum=2**62,
+               hint="an integer >= 1048576 (1 MiB)")
     for name in ("autotune", "hierarchical_allreduce", "abort_on_exception",
                  "verbose"):
       value = getattr(self, name)
@@ -279,6 +307,9 @@ class Options:
         if getattr(other, f.name) != getattr(defaults, f.name)
     }
     return dataclasses.replace(self, **changes) if changes else self
+
+
+_DATA_PLANES = ("auto", "mpi", "shm")
 
 
 def _check_int(options, name, minimum, hint, maximum=None):

@@ -46,7 +46,7 @@ _ENGINE_FIELDS = (
     "fusion_threshold_bytes", "cycle_time_ms", "fusion_wait_ms", "autotune",
     "autotune_log", "cache_capacity", "stall_warning_seconds",
     "stall_timeout_seconds", "peer_timeout_seconds", "timeline",
-    "hierarchical_allreduce",
+    "hierarchical_allreduce", "data_plane", "shm_bytes",
 )
 _ERRORS_BY_CODE = {
     2: tf.errors.UnknownError,

@@ -62,6 +62,11 @@ Status EngineConfig::Validate() const {
         "waits for silent peers forever), got " +
         Num(peer_timeout_seconds));
   }
+  if (shm_bytes < kMinShmBytes) {
+    return Status::InvalidArgument(
+        "EngineConfig.shm_bytes must be >= " + std::to_string(kMinShmBytes) +
+        ", got " + std::to_string(shm_bytes));
+  }
   return Status::Ok();
 }
 

@@ -276,6 +276,23 @@ const ConfigField kConfigFields[] = {
      [](const std::string& k, const std::string& t, EngineConfig* c) {
        return ParseBool(k, t, &c->hierarchical_allreduce);
      }},
+    {"data_plane",
+     [](const std::string& k, const std::string& t, EngineConfig* c) {
+       for (HostDataPlane p : {HostDataPlane::kAuto, HostDataPlane::kMpi,
+                               HostDataPlane::kShm}) {
+         if (t == HostDataPlaneName(p)) {
+           c->data_plane = p;
+           return Status::Ok();
+         }
+       }
+       return Status::InvalidArgument("configuration value " + k +
+                                      " must be auto, mpi or shm, got '" +
+                                      t + "'");
+     }},
+    {"shm_bytes",
+     [](const std::string& k, const std::string& t, EngineConfig* c) {
+       return ParseInt64(k, t, &c->shm_bytes);
+     }},
 };
 
 // Fills `config` from `length` bytes of "key=value\0" entries.  Unknown and
