@@ -190,7 +190,10 @@ lint: venv
 
 PYTEST_FLAGS = -p no:randomly -p no:cacheprovider --timeout=$(MPISTRATEGY_TEST_TIMEOUT) --timeout-method=thread
 
-SINGLE_CMD   = timeout $(KILL_AFTER) $(TIMEOUT_SINGLE) "$(PY)" -P -m pytest $(PYTEST_FLAGS) --durations=10 tests/single
+# Two workers: most of the single-process stage is tests that start a fresh
+# TensorFlow in a subprocess, one core each (240 s -> 144 s in one session at
+# load 7).
+SINGLE_CMD   = timeout $(KILL_AFTER) $(TIMEOUT_SINGLE) "$(PY)" -P -m pytest $(PYTEST_FLAGS) -n 2 --durations=10 tests/single
 NP2_CMD      = tests/mpirun_pytest.sh 2 $(TIMEOUT_NP2) tests/parallel
 NP3_CMD      = tests/mpirun_pytest.sh 3 $(TIMEOUT_NP3) tests/parallel
 LAUNCHER_CMD = timeout $(KILL_AFTER) $(TIMEOUT_LAUNCHER) "$(PY)" -P -m pytest $(PYTEST_FLAGS) --durations=0 tests/launcher

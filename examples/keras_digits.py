@@ -39,6 +39,9 @@ def main():
                       help="wire dtype of the gradients (default: float32)")
   parser.add_argument("--seed", type=int, default=0,
                       help="seeds weights and data order (same on all ranks)")
+  parser.add_argument("--backup-dir",
+                      help="resume after a kill or preemption from this "
+                      "keras.callbacks.BackupAndRestore directory")
   # tests/launcher tags the command lines of its jobs with a marker.
   parser.add_argument("--marker", default="", help=argparse.SUPPRESS)
   args = parser.parse_args()
@@ -71,8 +74,13 @@ def main():
     print(f"MPIStrategy: {mpistrategy.size()} ranks, "
           f"{strategy.num_replicas_in_sync} replicas, global batch "
           f"{args.batch_size}, compression {args.compression}", flush=True)
+  callbacks = []
+  if args.backup_dir:
+    # Saves after every epoch and, on a preemption signal, at the step the
+    # ranks agree on (they then exit with status 42).
+    callbacks.append(keras.callbacks.BackupAndRestore(args.backup_dir))
   model.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs,
-            validation_split=0.1, verbose=2)
+            validation_split=0.1, verbose=2, callbacks=callbacks)
   loss, accuracy = model.evaluate(x_test, y_test, batch_size=args.batch_size,
                                   verbose=0)
   if chief:

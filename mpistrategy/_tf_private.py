@@ -35,6 +35,7 @@ from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.distribute import values_util
 from tensorflow.python.distribute.cluster_resolver import (
     cluster_resolver as cluster_resolver_lib)
+from tensorflow.python.distribute.failure_handling import failure_handling
 from tensorflow.python.eager import context
 from tensorflow.python.framework import auto_control_deps
 from tensorflow.python.saved_model import load as saved_model_load

@@ -22,6 +22,8 @@ _ENV_PREFIX = "MPISTRATEGY_"
 _NON_OPTION_VARIABLES = frozenset({
     "MPISTRATEGY_CUDA_LINK",      # third_party/gpu (Bazel --config=cuda)
     "MPISTRATEGY_TEST_TIMEOUT",   # tests/mpirun_pytest.sh
+    "MPISTRATEGY_PREEMPTION_SIGNAL",  # mpistrategy/preemption.py
+    "MPISTRATEGY_RESTART_COUNT",  # python -m mpistrategy.run --restarts
 })
 
 _TRUE = ("1", "true", "yes", "on")

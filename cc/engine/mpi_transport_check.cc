@@ -14,30 +14,11 @@
 
 #include "cc/engine/engine.h"
 #include "cc/common/float16.h"
+#include "cc/testing/mpi_check.h"
 #include "cc/transport/mpi_transport.h"
 
 namespace mpistrategy {
 namespace {
-
-int g_failures = 0;
-int g_rank = 0;
-
-#define CHECK_TRUE(cond, ...)                                       \
-  do {                                                              \
-    if (!(cond)) {                                                  \
-      ++g_failures;                                                 \
-      std::fprintf(stderr, "rank %d: %s:%d: check failed: %s: ", g_rank, \
-                   __FILE__, __LINE__, #cond);                      \
-      std::fprintf(stderr, __VA_ARGS__);                            \
-      std::fprintf(stderr, "\n");                                   \
-    }                                                               \
-  } while (0)
-
-#define CHECK_OK(expr)                                                   \
-  do {                                                                   \
-    Status s_ = (expr);                                                  \
-    CHECK_TRUE(s_.ok(), "%s", s_.ToString().c_str());                    \
-  } while (0)
 
 using ToF = float (*)(uint16_t);
 using FromF = uint16_t (*)(float);
@@ -275,7 +256,7 @@ int Main() {
   std::unique_ptr<Transport> t;
   CHECK_OK(MpiTransport::Create(MPI_COMM_WORLD, &t));
   if (t) {
-    g_rank = t->rank();
+    g_check_rank = t->rank();
     CHECK_TRUE(t->local_size() >= 1 && t->local_rank() < t->local_size(),
                "local rank");
     CheckHalf(t.get(), DataType::kFloat16, HalfToFloat, FloatToHalf);
@@ -293,10 +274,11 @@ int Main() {
   // Engine twice: re-creation after destruction.
   CheckEngine(0);
   CheckEngine(1);
-  std::printf("rank %d: %s\n", g_rank, g_failures == 0 ? "PASS" : "FAIL");
+  std::printf("rank %d: %s\n", g_check_rank,
+              g_check_failures == 0 ? "PASS" : "FAIL");
   std::fflush(stdout);
   FinalizeMpiIfWeInitialized();
-  return g_failures == 0 ? 0 : 1;
+  return g_check_failures == 0 ? 0 : 1;
 }
 
 }  // namespace

@@ -22,6 +22,7 @@ imports mpistrategy/strategy.py: they recognise an `MPIStrategy` by its
 import threading
 
 from mpistrategy import checkpoint
+from mpistrategy import preemption
 from mpistrategy.compat import keras
 from mpistrategy.compat import keras2_spellings
 
@@ -72,6 +73,19 @@ _PATCHES = (
     # atomically; load reads the worker's own path.  Same upstream change.
     ("tf.saved_model.save+load", True,
      lambda rank: checkpoint.patch_saved_model()),
+    # TF's PreemptionCheckpointHandler runs in single-worker mode under
+    # MPIStrategy (empty cluster spec): each rank acts on its own signal and
+    # the saving rank hangs.  Here the ranks agree over MPI at each run().
+    # Removed if TF agreed through the strategy's collectives instead of its
+    # coordination service.
+    ("tf.PreemptionCheckpointHandler", False,
+     lambda rank: preemption.patch_preemption_checkpoint_handler()),
+    # Keras 3's BackupAndRestore ignores preemption signals and resumes at
+    # the start of the saved epoch (tf.keras 2 resumed at the saved batch).
+    # Removed when Keras saves on a preemption signal and skips the batches
+    # a backup has seen.  Applied before the next entry, which wraps it.
+    ("keras.BackupAndRestore.preemption", False,
+     lambda rank: preemption.patch_backup_and_restore()),
     # Keras 3's BackupAndRestore and ModelCheckpoint write on every worker
     # and resume from each worker's own files (tf.keras 2 had
     # distributed_file_utils for this).  Removed when Keras 3 writes on the

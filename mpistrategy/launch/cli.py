@@ -10,14 +10,20 @@ import inspect
 import os
 import re
 import shlex
+import signal
+import subprocess
 import sys
 
 from mpistrategy import options as options_lib
+from mpistrategy import preemption
 from mpistrategy.launch import check as check_lib
 from mpistrategy.launch import command as command_lib
 from mpistrategy.launch import supervise
 
 LAUNCHERS = ("auto", "mpirun", "srun")
+
+# Tells the ranks which attempt of `--restarts` they are (0 = the first).
+RESTART_VARIABLE = "MPISTRATEGY_RESTART_COUNT"
 
 
 # Options fields set by one of the launcher's own flags (--verbose), which
@@ -94,6 +100,24 @@ def make_parser():
       "--kill-after", type=float, default=kill_after, metavar="SECONDS",
       help="after forwarding a signal, kill the job if it is still running "
       f"this many seconds later (default {kill_after:g})")
+  parser.add_argument(
+      "--restarts", type=int, default=0, metavar="N",
+      help="relaunch the whole job after it fails or is preempted (exit "
+      f"status {preemption.EXIT_CODE}), at most N times (default 0); not "
+      "after the launcher itself got a signal.  The ranks see the attempt "
+      "as MPISTRATEGY_RESTART_COUNT (0, 1, ...) and resume from their "
+      "checkpoint (BackupAndRestore, PreemptionCheckpointHandler)")
+  parser.add_argument(
+      "--min-np", type=int, metavar="M",
+      help="with --restarts and -H (mpirun): before a restart, drop the hosts "
+      "that no longer start a process (`mpirun -np 1 -H HOST true`) and go "
+      "on with the remaining slots if they give at least M ranks")
+  parser.add_argument(
+      "--preemption-signal", metavar="SIGNAL",
+      help="the signal that asks the ranks to save and exit with status "
+      f"{preemption.EXIT_CODE} (default SIGTERM; "
+      f"{preemption.SIGNAL_VARIABLE}); a SIGTERM to the launcher is sent to "
+      "the local ranks as this signal")
   parser.add_argument(
       "--dry-run", action="store_true",
       help="print the command on stdout and exit without running it")
@@ -201,6 +225,28 @@ def main(argv=None):
     return e.code if isinstance(e.code, int) else 2
   if args.check:
     return check_lib.check(environ)
+  if args.restarts < 0:
+    supervise.say(f"error: --restarts must be >= 0, got {args.restarts}")
+    return 2
+  if args.min_np is not None and (args.min_np < 1 or not args.restarts or
+                                  args.hosts is None):
+    supervise.say(
+        "error: --min-np M needs M >= 1, --restarts N and -H/--hosts (the "
+        f"hosts it may drop); got --min-np {args.min_np}, --restarts "
+        f"{args.restarts}, -H {args.hosts}")
+    return 2
+  try:
+    if args.preemption_signal is not None:
+      signum = preemption.parse_signal(args.preemption_signal,
+                                       "--preemption-signal")
+      environ[preemption.SIGNAL_VARIABLE] = signum.name
+    else:
+      preemption.signal_from_env(environ)  # fails here, not on the ranks
+  except ValueError as e:
+    supervise.say(f"error: {e}")
+    return 2
+  if args.restarts > 0:
+    environ[RESTART_VARIABLE] = "0"
   try:
     launcher, launcher_path = command_lib.find_launcher(args.launcher, environ)
   except ValueError as e:
@@ -234,8 +280,94 @@ def main(argv=None):
     print(line, flush=True)
     return 0
   supervise.say(line)
-  code = supervise.run(command, kill_after=args.kill_after,
-                       verbose=args.verbose)
+  attempts = args.restarts + 1
+  attempt = 1
+  while True:
+    if attempts > 1:
+      command.env[RESTART_VARIABLE] = str(attempt - 1)
+      supervise.say(f"attempt {attempt} of {attempts}")
+    code, received = supervise.run_attempt(
+        command, kill_after=args.kill_after, verbose=args.verbose)
+    if code == 0 or received or attempt == attempts:
+      break
+    supervise.say(f"attempt {attempt} of {attempts} ended: "
+                  f"{describe_exit(code)}; restarting")
+    if args.min_np is not None:
+      try:
+        command = _without_lost_hosts(args, environ, launcher, launcher_path,
+                                      flavour, command)
+      except ValueError as e:
+        supervise.say(f"not restarting: {e}")
+        return code
+    attempt += 1
+  if attempts > 1 and code != 0:
+    why = ("the launcher got " + ", ".join(
+        signal.Signals(s).name for s in received) if received else
+           f"no restarts left (--restarts {args.restarts})")
+    supervise.say(f"attempt {attempt} of {attempts} ended: "
+                  f"{describe_exit(code)}; not restarting: {why}")
   if args.verbose:
     supervise.say(f"exit status {code}")
   return code
+
+
+def _host_answers(launcher_path, host, environ):
+  """True if mpirun can start a process on `host` within 60 s."""
+  argv = [launcher_path, "-np", "1", "-H", f"{host}:1"]
+  if os.geteuid() == 0:
+    argv.append("--allow-run-as-root")
+  try:
+    done = subprocess.run(argv + ["true"], env=environ,
+                          stdin=subprocess.DEVNULL, capture_output=True,
+                          timeout=60, check=False)
+  except (OSError, subprocess.SubprocessError):
+    return False
+  return done.returncode == 0
+
+
+def _without_lost_hosts(args, environ, launcher, launcher_path, flavour,
+                        command):
+  """The command for a restart on the hosts of -H that still answer.
+
+  Returns `command` when every host answers; otherwise a new one with the
+  answering hosts and min(-np, their slots) ranks (`args` is updated).
+
+  Raises:
+    ValueError: Fewer than --min-np ranks are left, or mpirun only.
+  """
+  if launcher != "mpirun":
+    raise ValueError("--min-np works with mpirun only (under Slurm, "
+                     "requeue the job instead)")
+  hosts = command_lib._parse_hosts(args.hosts)  # pylint: disable=protected-access
+  alive = [(h, n) for h, n in hosts
+           if _host_answers(launcher_path, h, command.env)]
+  if len(alive) == len(hosts):
+    return command
+  lost = ", ".join(h for h, n in hosts if (h, n) not in alive)
+  slots = sum(1 if n is None else n for _, n in alive)
+  num_proc = min(args.num_proc or slots, slots)
+  if num_proc < args.min_np:
+    raise ValueError(f"lost {lost}; {slots} slots left on the other hosts, "
+                     f"fewer than --min-np {args.min_np}")
+  args.hosts = ",".join(h if n is None else f"{h}:{n}" for h, n in alive)
+  args.num_proc = num_proc
+  supervise.say(f"lost {lost}; going on with {num_proc} ranks on "
+                f"{args.hosts}")
+  new = command_lib.build_command(args, environ, launcher, launcher_path,
+                                  mpi_flavour=flavour or "openmpi")
+  supervise.say(shlex.join(new.argv))
+  return new
+
+
+def describe_exit(code):
+  """Says in words what the job's exit status `code` means."""
+  if code == preemption.EXIT_CODE:
+    return (f"preempted (exit status {code}: the ranks saved a checkpoint "
+            "and exited)")
+  if code > 128:
+    try:
+      name = signal.Signals(code - 128).name
+    except ValueError:
+      return f"exit status {code}"
+    return f"exit status {code} (a process died of {name})"
+  return f"exit status {code} (a rank failed)"

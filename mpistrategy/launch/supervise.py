@@ -1,8 +1,18 @@
 """Supervision: runs the command, forwards signals, kills what is left.
 
-The command runs in a session of its own; SIGINT, SIGTERM and SIGHUP are
-forwarded to its process group, and `kill_after` seconds after the first one
-every process of its session is killed.
+The command runs in a session of its own.  SIGINT and SIGHUP are forwarded
+to its process group.  SIGTERM, the signal clusters send before they
+preempt a job, goes to mpirun's children instead, the local ranks, as the
+preemption signal (`mpistrategy.preemption`: SIGTERM unless
+`--preemption-signal` says otherwise; a rank is a process under mpirun with
+OMPI_COMM_WORLD_RANK, PMIX_RANK or PMI_RANK set, so the ssh connections to
+other hosts are left alone): mpirun itself would SIGKILL the
+ranks one second after a SIGTERM, too soon to save a checkpoint, while one
+signalled rank is enough for every rank to save and exit with status 42.
+(Without local ranks, and under srun, which forwards it to every task,
+SIGTERM goes to the launcher's process group as the others do.)
+`kill_after` seconds after the first signal every process of the session is
+killed.
 """
 
 import os
@@ -11,9 +21,12 @@ import subprocess
 import sys
 import time
 
+from mpistrategy import preemption
 from mpistrategy.launch import command as command_lib
 
-DEFAULT_KILL_AFTER_SECONDS = 10.0
+# Slurm's default KillWait is 30 s between SIGTERM and SIGKILL; the job gets
+# most of it to save a checkpoint and exit.
+DEFAULT_KILL_AFTER_SECONDS = 25.0
 
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -60,7 +73,63 @@ def _kill_session(proc):
       pass
 
 
-def _forward(proc, launcher, signum):
+# Set by Open MPI (and PMIx, MPICH) in each rank's environment, not in
+# mpirun's other children (ssh to the remote daemons).
+_RANK_VARIABLES = (b"OMPI_COMM_WORLD_RANK=", b"PMIX_RANK=", b"PMI_RANK=")
+
+
+def _children(pid):
+  """PIDs whose parent is `pid` (Linux /proc; else empty)."""
+  pids = []
+  try:
+    entries = os.listdir("/proc")
+  except OSError:
+    return pids
+  for entry in entries:
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f"/proc/{entry}/stat", encoding="ascii",
+                errors="replace") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+      continue
+    if len(fields) > 1 and fields[1] == str(pid):
+      pids.append(int(entry))
+  return pids
+
+
+def _is_rank(pid):
+  try:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+      variables = f.read().split(b"\0")
+  except OSError:
+    return False
+  return any(v.startswith(_RANK_VARIABLES) for v in variables)
+
+
+def _local_ranks(pid):
+  """The outermost processes under `pid` that are MPI ranks."""
+  ranks, todo = [], _children(pid)
+  while todo:
+    child = todo.pop()
+    if _is_rank(child):
+      ranks.append(child)
+    else:
+      todo.extend(_children(child))
+  return ranks
+
+
+def _forward(proc, launcher, signum, preemption_signal=signal.SIGTERM):
+  if launcher == "mpirun" and signum == signal.SIGTERM:
+    ranks = _local_ranks(proc.pid)
+    for pid in ranks:
+      try:
+        os.kill(pid, preemption_signal)
+      except ProcessLookupError:
+        pass
+    if ranks:
+      return
   try:
     os.killpg(proc.pid, signum)
     if launcher == "srun" and signum == signal.SIGINT:
@@ -85,10 +154,19 @@ def run(command, kill_after=DEFAULT_KILL_AFTER_SECONDS, verbose=False):
     verbose: Print what happens to the signals.
 
   Returns:
-    The exit status (see the module docstring).
+    The exit status: the job's; `preemption.EXIT_CODE` (42) when the ranks
+    saved and exited on a preemption signal; 128 + N when the launcher got
+    signal N and the job then failed, or when the job died of signal N.
   """
+  return run_attempt(command, kill_after, verbose)[0]
+
+
+def run_attempt(command, kill_after=DEFAULT_KILL_AFTER_SECONDS,
+                verbose=False):
+  """Like `run`; returns `(exit status, signals the launcher received)`."""
   received = []     # forwarded signal numbers, in order
   state = {"proc": None, "first": None}
+  preemption_signal = preemption.signal_from_env(command.env)
 
   def on_signal(signum, unused_frame):
     received.append(signum)
@@ -97,7 +175,7 @@ def run(command, kill_after=DEFAULT_KILL_AFTER_SECONDS, verbose=False):
     if verbose:
       say(f"got {signal.Signals(signum).name}, forwarding it")
     if state["proc"] is not None:
-      _forward(state["proc"], command.launcher, signum)
+      _forward(state["proc"], command.launcher, signum, preemption_signal)
 
   previous = {s: signal.signal(s, on_signal) for s in FORWARDED_SIGNALS}
   try:
@@ -109,7 +187,7 @@ def run(command, kill_after=DEFAULT_KILL_AFTER_SECONDS, verbose=False):
       return 127
     state["proc"] = proc
     for signum in received:  # arrived before the command started
-      _forward(proc, command.launcher, signum)
+      _forward(proc, command.launcher, signum, preemption_signal)
     killed = False
     while True:
       try:
@@ -126,8 +204,16 @@ def run(command, kill_after=DEFAULT_KILL_AFTER_SECONDS, verbose=False):
   finally:
     for signum, handler in previous.items():
       signal.signal(signum, handler)
+  # Processes of the job that outlived mpirun (a rank stuck in teardown).
+  for pid in _session_pids(proc.pid):
+    try:
+      os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+      pass
   if returncode < 0:
-    return 128 - returncode
+    return 128 - returncode, received
+  if returncode == preemption.EXIT_CODE:
+    return returncode, received
   if received and returncode != 0:
-    return 128 + received[0]
-  return returncode
+    return 128 + received[0], received
+  return returncode, received

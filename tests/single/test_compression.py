@@ -65,7 +65,9 @@ def test_get_normalises(value, want):
 
 
 @pytest.mark.parametrize("bad", ["fp8", "", "float16", 16, tf.float16, True,
-                                 object()], ids=str)
+                                 object()],
+                         ids=lambda bad: type(bad).__name__ + ":" + (
+                             "object" if type(bad) is object else str(bad)))
 def test_get_rejects_with_a_clear_message(bad):
   with pytest.raises(ValueError) as e:
     compression.get(bad, "somewhere")

@@ -17,6 +17,7 @@ import pytest
 
 from mpistrategy import Options
 from mpistrategy import run
+from mpistrategy.launch import supervise
 from mpistrategy.launch import command as launch_command
 from procs import alive
 
@@ -508,15 +509,40 @@ def test_exit_status_is_the_commands():
   assert run.run(_command("kill -SEGV $$")) == 128 + signal.SIGSEGV
 
 
+def _rank_shell(ready, on_term):
+  """An "mpirun" (sh) whose child, the "rank", exits `on_term` on SIGTERM.
+
+  The child has OMPI_COMM_WORLD_RANK set, as ranks have.  A SIGTERM to the
+  outer shell would end it with 143 (it waits for the child), so the tests
+  see that the signal went to the "rank" only.
+  """
+  rank = (f"trap 'exit {on_term}' TERM; touch {ready}; "
+          "while :; do sleep 0.1; done")
+  return f"OMPI_COMM_WORLD_RANK=0 sh -c \"{rank}\"; exit $?"
+
+
 @pytest.mark.timeout(60)
-def test_sigterm_is_forwarded(tmp_path):
+def test_sigterm_is_forwarded_to_the_ranks(tmp_path):
   ready = tmp_path / "ready"
   thread = _signal_self_when(str(ready), signal.SIGTERM)
   start = time.time()
-  code = run.run(_command(
-      f"trap 'exit 7' TERM; touch {ready}; while :; do sleep 0.1; done"))
+  code = run.run(_command(_rank_shell(ready, 7)))
   thread.join()
   assert code == 128 + signal.SIGTERM
+  assert time.time() - start < 20
+
+
+@pytest.mark.timeout(60)
+def test_ranks_that_exit_preempted_give_42_and_the_signal_is_configurable(
+    tmp_path):
+  ready = tmp_path / "ready"
+  thread = _signal_self_when(str(ready), signal.SIGTERM)
+  command = _command(_rank_shell(ready, 42).replace("TERM", "USR1"))
+  command.env["MPISTRATEGY_PREEMPTION_SIGNAL"] = "USR1"
+  start = time.time()
+  code, received = supervise.run_attempt(command)
+  thread.join()
+  assert (code, received) == (42, [signal.SIGTERM])
   assert time.time() - start < 20
 
 
@@ -808,3 +834,77 @@ def test_main_works_as_the_console_script(script):
                           check=False)
   assert result.returncode == 2, result
   assert "-np/--num-proc is required" in result.stderr, result.stderr
+
+
+# --- restarts ---------------------------------------------------------------
+
+# A fake mpirun: answers --version like Open MPI; a probe (`... -H HOST:1
+# true`) fails for "deadhost"; a job run appends its attempt and arguments to
+# $LOG and exits 0 from the $SUCCEED_AT-th run on, else $FAIL_WITH.
+_FAKE_MPIRUN = """\
+if [ "$1" = "--version" ]; then echo "mpirun (Open MPI) 4.1.4"; exit 0; fi
+case " $* " in *" deadhost:1 "*) exit 1;; *" true ") exit 0;; esac
+echo "attempt=$MPISTRATEGY_RESTART_COUNT $*" >> "$LOG"
+[ "$(wc -l < "$LOG")" -ge "$SUCCEED_AT" ] && exit 0
+exit "$FAIL_WITH"
+"""
+
+
+def _restart_run(monkeypatch, tmp_path, capsys, argv, succeed_at, fail_with):
+  tmp_path.mkdir(exist_ok=True)
+  log = tmp_path / "log"
+  monkeypatch.setenv("PATH", _fake_bin(tmp_path, "mpirun", _FAKE_MPIRUN))
+  monkeypatch.setenv("LOG", str(log))
+  monkeypatch.setenv("SUCCEED_AT", str(succeed_at))
+  monkeypatch.setenv("FAIL_WITH", str(fail_with))
+  code = run.main(argv)
+  runs = log.read_text().splitlines() if log.exists() else []
+  return code, runs, capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_restarts_after_preemption_and_failure_then_stops(
+    monkeypatch, tmp_path, capsys, script):
+  code, runs, err = _restart_run(monkeypatch, tmp_path, capsys,
+                                 ["-np", "2", "--restarts", "2", script], 3, 42)
+  assert code == 0
+  assert [r.split()[0] for r in runs] == [
+      "attempt=0", "attempt=1", "attempt=2"]
+  assert "attempt 1 of 3 ended: preempted (exit status 42" in err
+  assert "mpistrategy.run: attempt 3 of 3" in err
+  code, runs, err = _restart_run(monkeypatch, tmp_path / "b", capsys,
+                                 ["-np", "2", "--restarts", "1", script], 9, 1)
+  assert code == 1 and len(runs) == 2
+  assert ("attempt 2 of 2 ended: exit status 1 (a rank failed); not "
+          "restarting: no restarts left (--restarts 1)") in err
+
+
+@pytest.mark.timeout(60)
+def test_min_np_drops_a_host_that_no_longer_answers(
+    monkeypatch, tmp_path, capsys, script):
+  argv = ["-H", "livehost:2,deadhost:2", "--restarts", "1", "--min-np", "2",
+          script]
+  code, runs, err = _restart_run(monkeypatch, tmp_path, capsys, argv, 2, 1)
+  assert code == 0
+  assert "-np 4 -H livehost:2,deadhost:2 " in runs[0]
+  assert "-np 2 -H livehost:2 " in runs[1]
+  assert "lost deadhost; going on with 2 ranks on livehost:2" in err
+  argv[argv.index("--min-np") + 1] = "3"
+  code, runs, err = _restart_run(monkeypatch, tmp_path / "b", capsys, argv,
+                                 2, 1)
+  assert code == 1 and len(runs) == 1
+  assert ("not restarting: lost deadhost; 2 slots left on the other hosts, "
+          "fewer than --min-np 3") in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-np", "2", "--restarts", "-1", "{script}"], "--restarts must be >= 0"),
+    (["-np", "2", "--min-np", "1", "{script}"], "--min-np M needs"),
+    (["-np", "2", "--preemption-signal", "KILL", "{script}"],
+     "--preemption-signal: SIGKILL cannot be caught"),
+    (["-np", "2", "--preemption-signal", "NOPE", "{script}"],
+     "--preemption-signal: 'NOPE' is not a signal name"),
+])
+def test_bad_restart_and_preemption_flags(capsys, script, argv, message):
+  assert run.main([a.format(script=script) for a in argv]) == 2
+  assert message in capsys.readouterr().err

@@ -40,6 +40,7 @@
 #include "cc/engine/config.h"
 #include "cc/engine/device.h"
 #include "cc/engine/engine.h"
+#include "cc/testing/mpi_check.h"
 #include "cc/transport/data_plane.h"
 #include "cc/transport/hierarchical_plane.h"
 #include "cc/transport/host_plane.h"
@@ -58,26 +59,6 @@
 
 namespace mpistrategy {
 namespace {
-
-int g_rank = 0;
-int g_failures = 0;
-
-#define CHECK_TRUE(cond, ...)                                        \
-  do {                                                               \
-    if (!(cond)) {                                                   \
-      ++g_failures;                                                  \
-      std::fprintf(stderr, "[rank %d] FAILED %s:%d: ", g_rank,       \
-                   __FILE__, __LINE__);                              \
-      std::fprintf(stderr, __VA_ARGS__);                             \
-      std::fprintf(stderr, "\n");                                    \
-    }                                                                \
-  } while (0)
-
-#define CHECK_OK(expr)                                               \
-  do {                                                               \
-    const ::mpistrategy::Status s_ = (expr);                         \
-    CHECK_TRUE(s_.ok(), "%s: %s", #expr, s_.ToString().c_str());     \
-  } while (0)
 
 // ---- the device ----------------------------------------------------------
 
@@ -112,7 +93,7 @@ Status NewContext(const Options& /*options*/, Transport* /*control*/,
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     return Status::Unavailable("no CUDA device");
   }
-  const int ordinal = g_rank % devices;
+  const int ordinal = g_check_rank % devices;
   if (cudaSetDevice(ordinal) != cudaSuccess) {
     return Status::Unavailable("cudaSetDevice failed");
   }
@@ -202,7 +183,7 @@ Status NewContext(const Options& options, Transport* /*control*/,
                   std::shared_ptr<DeviceContext>* context) {
   // Rank 0's stream runs at once, the others' late.
   *context = std::make_shared<CheckContext>(
-      std::make_shared<FakeStream>(g_rank == 0 ? 0 : 500),
+      std::make_shared<FakeStream>(g_check_rank == 0 ? 0 : 500),
       options.ranks_per_host);
   return Status::Ok();
 }
@@ -523,11 +504,11 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "engine_check: %s\n", s.ToString().c_str());
     return 1;
   }
-  g_rank = transport->rank();
+  g_check_rank = transport->rank();
   std::shared_ptr<DeviceContext> context;
   s = NewContext(options, transport.get(), &context);
   if (!s.ok()) {
-    std::fprintf(stderr, "[rank %d] engine_check: %s\n", g_rank,
+    std::fprintf(stderr, "[rank %d] engine_check: %s\n", g_check_rank,
                  s.ToString().c_str());
     return 1;
   }
@@ -542,16 +523,16 @@ int Main(int argc, char** argv) {
       }
       CheckOthers(engine.get(), context);
 #if MPISTRATEGY_ENGINE_CHECK_CUDA
-      if (options.bench && g_failures == 0) Bench(engine.get(), context);
+      if (options.bench && g_check_failures == 0) Bench(engine.get(), context);
 #endif
     }
   }
   context.reset();
-  std::printf("engine_check rank %d: %s\n", g_rank,
-              g_failures == 0 ? "PASS" : "FAIL");
+  std::printf("engine_check rank %d: %s\n", g_check_rank,
+              g_check_failures == 0 ? "PASS" : "FAIL");
   std::fflush(stdout);
   FinalizeMpiIfWeInitialized();
-  return g_failures == 0 ? 0 : 1;
+  return g_check_failures == 0 ? 0 : 1;
 }
 
 }  // namespace

@@ -1,0 +1,97 @@
+"""Preemption in one process: the signal, fit's save and mid-epoch resume.
+
+A SIGTERM during `fit` with `BackupAndRestore` is caught, the backup is
+saved at that batch and `fit` ends with `SystemExit(42)`; a new `fit` with
+the same callback resumes at the next batch (not at the start of the
+epoch, as Keras 3 alone does) and ends with the weights of an
+uninterrupted run.  Signal names parse or fail with a clear message.
+"""
+
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+import keras
+
+import mpistrategy
+from mpistrategy import preemption
+
+
+@pytest.fixture(autouse=True)
+def _no_notice():
+  preemption._WATCH.noted_at = None  # pylint: disable=protected-access
+  yield
+  preemption._WATCH.noted_at = None  # pylint: disable=protected-access
+
+
+def _data():
+  rng = np.random.RandomState(0)
+  x = rng.randn(64, 4).astype(np.float32)
+  return x, x @ np.array([[1.0], [2.0], [-1.0], [0.5]], np.float32)
+
+
+def _model(strategy):
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(
+        1, kernel_initializer="ones")])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+  return model
+
+
+class _SignalAt(keras.callbacks.Callback):
+
+  def __init__(self, step):
+    super().__init__()
+    self.step = step
+
+  def on_train_batch_end(self, batch, logs=None):
+    if int(self.model.optimizer.iterations.numpy()) == self.step:
+      os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_fit_saves_on_sigterm_and_resumes_at_the_next_batch(tmp_path):
+  strategy = mpistrategy.MPIStrategy()
+  x, y = _data()
+  backup = str(tmp_path / "backup")
+  fit = dict(x=x, y=y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+  model = _model(strategy)
+  before = signal.getsignal(signal.SIGTERM)
+  with pytest.raises(SystemExit) as stop:
+    model.fit(**fit, callbacks=[
+        _SignalAt(11), keras.callbacks.BackupAndRestore(backup)])
+  assert stop.value.code == preemption.EXIT_CODE
+  with open(os.path.join(backup, "training_metadata.json")) as f:
+    meta = json.load(f)
+  # 8 batches an epoch: step 11 is the 3rd batch of epoch 1 (0-based).
+  assert (meta["epoch"], meta["mpistrategy_batches_done"]) == (1, 3), meta
+
+  preemption._WATCH.noted_at = None  # a new process would start clean  # pylint: disable=protected-access
+  resumed = _model(strategy)
+  resumed.fit(**fit, callbacks=[keras.callbacks.BackupAndRestore(backup)])
+  assert int(resumed.optimizer.iterations.numpy()) == 16  # 11 + 5, no redo
+  assert signal.getsignal(signal.SIGTERM) is before  # restored after fit
+  reference = _model(strategy)
+  reference.fit(**fit)
+  np.testing.assert_array_equal(resumed.get_weights()[0],
+                                reference.get_weights()[0])
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("SIGUSR1", signal.SIGUSR1), ("usr1", signal.SIGUSR1),
+    ("15", signal.SIGTERM)])
+def test_signal_names(text, expected):
+  assert preemption.parse_signal(text) == expected
+  assert preemption.signal_from_env(
+      {preemption.SIGNAL_VARIABLE: text}) == expected
+  assert preemption.signal_from_env({}) == signal.SIGTERM
+
+
+@pytest.mark.parametrize("text, message", [
+    ("SIGKILL", "SIGKILL cannot be caught"),
+    ("bogus", "'bogus' is not a signal name or number")])
+def test_bad_signal_names(text, message):
+  with pytest.raises(ValueError, match=preemption.SIGNAL_VARIABLE + ".*" +
+                     message):
+    preemption.signal_from_env({preemption.SIGNAL_VARIABLE: text})
