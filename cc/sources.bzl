@@ -67,6 +67,7 @@ PLANE_SRCS = [
 # //cc/transport:mpi_transport.
 MPI_TRANSPORT_SRCS = [
     "mpi_transport.cc",
+    "shm_plane.cc",
 ]
 
 # //cc/transport:nccl_plane (--config=cuda / MPISTRATEGY_CUDA=1 only).

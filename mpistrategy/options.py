@@ -41,11 +41,11 @@ ENGINE_FIELDS = (
     "fusion_threshold_bytes", "cycle_time_ms", "fusion_wait_ms", "autotune",
     "autotune_log", "cache_capacity", "stall_warning_seconds",
     "stall_timeout_seconds", "peer_timeout_seconds", "timeline",
-    "hierarchical_allreduce",
+    "hierarchical_allreduce", "data_plane", "shm_bytes",
 )
 _VALIDATED_FIELDS = ENGINE_FIELDS + ("checkpoint_read_timeout_seconds",)
 
-_INT_FIELDS = ("fusion_threshold_bytes", "cache_capacity")
+_INT_FIELDS = ("fusion_threshold_bytes", "cache_capacity", "shm_bytes")
 _FLOAT_FIELDS = ("cycle_time_ms", "fusion_wait_ms", "stall_warning_seconds",
                  "stall_timeout_seconds", "peer_timeout_seconds",
                  "checkpoint_read_timeout_seconds")
@@ -150,6 +150,21 @@ class Options:
       the timeline.
     hierarchical_allreduce: GPU tensors: NCCL inside a node, MPI between
       nodes.  Default False.
+    data_plane: How CPU tensors travel.  "auto" (the default): through a
+      POSIX shared-memory segment among the ranks of each host (each rank
+      reduces its share of every rank's buffer, then copies the others'
+      shares), and when the job spans several hosts, with the same number
+      of ranks on each, MPI between hosts for allreduce (each rank's share
+      across hosts) and MPI for the other collectives; where that cannot
+      be used (one rank per host, hosts of different sizes, /dev/shm too
+      small or missing) everything goes through MPI and rank 0 logs why
+      once.  "mpi": MPI only.  "shm": as "auto", but a job that cannot use
+      shared memory fails to start, saying why.  Alltoall always uses MPI.
+      The segment is unlinked from /dev/shm as soon as every rank of the
+      host has mapped it, so nothing is left behind however the job ends.
+    shm_bytes: Size of each host's shared-memory segment in bytes (taken
+      from /dev/shm); a tensor larger than this moves in several rounds.
+      An integer >= 1048576.  Default 16777216 (16 MiB).
     abort_on_exception: When True (the default) and the world has more than
       one rank, `mpistrategy.init()` installs a `sys.excepthook` that prints
       the uncaught exception prefixed with the rank, tells the other ranks'
@@ -192,6 +207,8 @@ class Options:
   peer_timeout_seconds: float = 120.0
   timeline: str = ""
   hierarchical_allreduce: bool = False
+  data_plane: str = "auto"
+  shm_bytes: int = 16 << 20
   abort_on_exception: bool = True
   checkpoint_read_timeout_seconds: float = 120.0
   verbose: bool = False
@@ -203,6 +220,12 @@ class Options:
       _coerce_float(self, name)
     for name in _PATH_FIELDS:
       _coerce_path(self, name)
+    # The name's spelling is Python's business; its value is checked by C++.
+    if not isinstance(self.data_plane, str):
+      raise TypeError(
+          'Options.data_plane must be "auto", "mpi" or "shm", got '
+          f"{type(self.data_plane).__name__} {self.data_plane!r}")
+    object.__setattr__(self, "data_plane", self.data_plane.strip().lower())
     for name in _BOOL_FIELDS:
       value = getattr(self, name)
       if not isinstance(value, bool):

@@ -111,6 +111,18 @@ bool IsValidReduceOp(ReduceOp op) {
   return static_cast<uint8_t>(op) <= static_cast<uint8_t>(ReduceOp::kProduct);
 }
 
+const char* HostDataPlaneName(HostDataPlane plane) {
+  switch (plane) {
+    case HostDataPlane::kAuto:
+      return "auto";
+    case HostDataPlane::kMpi:
+      return "mpi";
+    case HostDataPlane::kShm:
+      return "shm";
+  }
+  return "?";
+}
+
 const char* CollectiveTypeName(CollectiveType type) {
   switch (type) {
     case CollectiveType::kAllreduce:

@@ -112,6 +112,14 @@ enum class CollectiveType : uint8_t {
 };
 const char* CollectiveTypeName(CollectiveType type);
 
+// How CPU tensors travel between the ranks (EngineConfig::data_plane).
+enum class HostDataPlane : uint8_t {
+  kAuto = 0,  // shared memory where ranks share a host, else MPI
+  kMpi = 1,
+  kShm = 2,   // shared memory, or the engine fails to start saying why
+};
+const char* HostDataPlaneName(HostDataPlane plane);  // "auto", "mpi", "shm"
+
 // Where a tensor lives.  kCpu tensors go through MPI, GPU tensors through
 // NCCL (or MPI with host staging when NCCL cannot be used).
 constexpr int32_t kCpuDevice = -1;

@@ -153,6 +153,23 @@ const ConfigField kConfigFields[] = {
      [](const char* k, const std::string& t, EngineConfig* c) {
        return ParseDouble(k, t, &c->checkpoint_read_timeout_seconds);
      }},
+    {"data_plane",
+     [](const char* k, const std::string& t, EngineConfig* c) {
+       for (HostDataPlane p : {HostDataPlane::kAuto, HostDataPlane::kMpi,
+                               HostDataPlane::kShm}) {
+         if (t == HostDataPlaneName(p)) {
+           c->data_plane = p;
+           return Status::Ok();
+         }
+       }
+       return Status::InvalidArgument(std::string("Options.") + k +
+                                      " must be \"auto\", \"mpi\" or \"shm\", got '" +
+                                      t + "'");
+     }},
+    {"shm_bytes",
+     [](const char* k, const std::string& t, EngineConfig* c) {
+       return ParseInt64(k, t, &c->shm_bytes);
+     }},
 };
 
 }  // namespace
@@ -186,6 +203,10 @@ Status EngineConfig::Validate() const {
       CheckSeconds("checkpoint_read_timeout_seconds",
                    checkpoint_read_timeout_seconds, true,
                    "a finite number > 0"));
+  if (shm_bytes < kMinShmBytes) {
+    return OutOfRange("shm_bytes", "an integer >= 1048576 (1 MiB)",
+                      std::to_string(shm_bytes));
+  }
   return Status::Ok();
 }
 
@@ -220,6 +241,11 @@ Status ParseConfig(const char* text, size_t length, EngineConfig* config) {
     }
     MPISTRATEGY_RETURN_IF_ERROR(
         field->set(field->key, entry.substr(equals + 1), config));
+  }
+  if (shm_bytes < kMinShmBytes) {
+    return Status::InvalidArgument(
+        "EngineConfig.shm_bytes must be >= " + std::to_string(kMinShmBytes) +
+        ", got " + std::to_string(shm_bytes));
   }
   return Status::Ok();
 }

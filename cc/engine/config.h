@@ -82,6 +82,15 @@ struct EngineConfig {
   // GPU tensors: NCCL inside a node, MPI between nodes.
   bool hierarchical_allreduce = false;
 
+  // CPU tensors: shared memory among the ranks of a host (and MPI across
+  // hosts), or MPI only (HostDataPlane, common.h; MpiTransport's
+  // CreateHostPlane decides).
+  HostDataPlane data_plane = HostDataPlane::kAuto;
+  // The shared-memory segment of each host, in bytes: larger moves a big
+  // tensor in fewer rounds.  At least kMinShmBytes.
+  int64_t shm_bytes = 16 << 20;
+  static constexpr int64_t kMinShmBytes = 1 << 20;
+
   // Not used by the engine: how long Python's checkpoint reads wait for the
   // other ranks (mpistrategy/checkpoint.py).  Here so that every option's
   // range is checked in one place.

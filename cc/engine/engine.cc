@@ -664,7 +664,16 @@ void Engine::Impl::Loop() {
     self_ = mpistrategy::DescribeRank(rank_, peers_);
     if (negotiator_ != nullptr) negotiator_->SetPeers(peers_);
     StartMonitor();
-    while (RunCycle()) {
+    const Status plane =
+        executor_.SetUpHostPlane(config_.data_plane, config_.shm_bytes);
+    if (!plane.ok()) {
+      Fatal(plane.code() == StatusCode::kFailedPrecondition
+                ? StatusCode::kFailedPrecondition
+                : StatusCode::kUnavailable,
+            "failed because " + plane.message());
+    } else {
+      while (RunCycle()) {
+      }
     }
   }
   // Stopped: fail everything still pending or queued with the sticky error.

@@ -46,6 +46,14 @@ Executor::Executor(Transport* transport, bool hierarchical_allreduce,
   devices_[kCpuDevice].plane = &host_plane_;
 }
 
+Status Executor::SetUpHostPlane(HostDataPlane kind, int64_t shm_bytes) {
+  Device& cpu = devices_[kCpuDevice];
+  MPISTRATEGY_RETURN_IF_ERROR(
+      transport_->CreateHostPlane(kind, shm_bytes, &host_plane_, &cpu.owned));
+  cpu.plane = cpu.owned != nullptr ? cpu.owned.get() : &host_plane_;
+  return Status::Ok();
+}
+
 Status Executor::Buffer(const Bucket& bucket, int64_t bytes, char** buffer) {
   Device* d = bucket.device;
   if (bytes > d->capacity) {

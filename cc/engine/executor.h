@@ -47,6 +47,16 @@ class Executor {
   explicit Executor(Transport* transport, bool hierarchical_allreduce = false,
                     Timeline* timeline = nullptr);
 
+  // Sets up the plane of CPU tensors (Transport::CreateHostPlane): every
+  // rank, once, before the first Execute.  Without it, or when the
+  // transport creates none, CPU tensors go through the transport.  An error
+  // is fatal for the engine.
+  Status SetUpHostPlane(HostDataPlane kind, int64_t shm_bytes);
+  // The plane of CPU tensors' name ("host", "shared memory", ...).
+  const char* host_plane_name() const {
+    return devices_.at(kCpuDevice).plane->name();
+  }
+
   // Runs one bucket.  `responses` are the bucket's members (successful
   // responses; more than one only for fused allreduces) and `entries[k]` is
   // this rank's entry for responses[k]->names[0].  A GPU bucket's work is

@@ -39,6 +39,9 @@ std::string ConfigDifferences(const EngineConfig& running,
         "'" + requested.timeline_path + "'");
   field("hierarchical_allreduce", running.hierarchical_allreduce,
         requested.hierarchical_allreduce);
+  field("data_plane", std::string(HostDataPlaneName(running.data_plane)),
+        std::string(HostDataPlaneName(requested.data_plane)));
+  field("shm_bytes", running.shm_bytes, requested.shm_bytes);
   return out.str();
 }
 

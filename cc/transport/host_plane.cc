@@ -22,7 +22,7 @@ Status HostPlane::Allreduce(const void* in, void* out, int64_t count,
   MPISTRATEGY_RETURN_IF_ERROR(
       transport_->Allreduce(in, out, count, dtype, SumForMean(op)));
   if (op != ReduceOp::kMean) return Status::Ok();
-  return DivideInPlace(dtype, out, count, size());
+  return DivideInPlace(dtype, out, count, divisor());
 }
 
 Status HostPlane::Allgatherv(const void* in, void* out,
@@ -45,7 +45,7 @@ Status HostPlane::Reducescatter(const void* in, void* out,
   MPISTRATEGY_RETURN_IF_ERROR(
       transport_->Reducescatter(in, out, counts, dtype, SumForMean(op)));
   if (op != ReduceOp::kMean) return Status::Ok();
-  return DivideInPlace(dtype, out, counts[rank()], size());
+  return DivideInPlace(dtype, out, counts[rank()], divisor());
 }
 
 Status HostPlane::Alltoallv(const void* in,

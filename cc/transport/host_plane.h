@@ -18,9 +18,14 @@ class HostPlane : public DataPlane {
  public:
   // `transport`: not owned; outlives the plane.
   explicit HostPlane(Transport* transport) : transport_(transport) {}
-  // Owns `transport` (e.g. an MPI sub-communicator).
-  explicit HostPlane(std::unique_ptr<Transport> transport)
-      : owned_(std::move(transport)), transport_(owned_.get()) {}
+  // Owns `transport` (e.g. an MPI sub-communicator).  kMean divides by
+  // `mean_divisor`, or by size() when 0 (a cross-host plane of hierarchical
+  // allreduce divides by the number of all ranks).
+  explicit HostPlane(std::unique_ptr<Transport> transport,
+                     int64_t mean_divisor = 0)
+      : owned_(std::move(transport)),
+        transport_(owned_.get()),
+        mean_divisor_(mean_divisor) {}
 
   int rank() const override { return transport_->rank(); }
   int size() const override { return transport_->size(); }
@@ -42,8 +47,13 @@ class HostPlane : public DataPlane {
                    Stream* stream) override;
 
  private:
+  int64_t divisor() const {
+    return mean_divisor_ > 0 ? mean_divisor_ : size();
+  }
+
   std::unique_ptr<Transport> owned_;
   Transport* const transport_;
+  const int64_t mean_divisor_ = 0;
 };
 
 }  // namespace mpistrategy

@@ -8,7 +8,11 @@
 #include <thread>
 
 #include "cc/common/checks.h"
+#include "cc/common/logging.h"
 #include "cc/common/reduce_kernels.h"
+#include "cc/transport/hierarchical_plane.h"
+#include "cc/transport/host_plane.h"
+#include "cc/transport/shm_plane.h"
 
 #include <unistd.h>
 
@@ -566,6 +570,81 @@ Status MpiTransport::Barrier() {
   MPI_Request request;
   MPISTRATEGY_MPI_CHECK(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
   return WaitPolitely(&request, "MPI_Ibarrier");
+}
+
+Status MpiTransport::CreateHostPlane(HostDataPlane kind, int64_t shm_bytes,
+                                     DataPlane* world,
+                                     std::unique_ptr<DataPlane>* plane) {
+  plane->reset();
+  if (kind == HostDataPlane::kMpi || size_ == 1) return Status::Ok();
+  // {min, -max} of the hosts' rank counts: the same on every rank.
+  int sizes[2] = {local_size_, -local_size_};
+  MPISTRATEGY_MPI_CHECK(
+      MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MIN, comm_),
+      "MPI_Allreduce(host sizes)");
+  std::string why;
+  if (-sizes[1] == 1) {
+    why = "no two ranks share a host";
+  } else if (sizes[0] != -sizes[1]) {
+    why = "the hosts run different numbers of ranks (" +
+          std::to_string(sizes[0]) + " to " + std::to_string(-sizes[1]) +
+          "), which hierarchical allreduce cannot split evenly";
+  }
+  const bool one_host = local_size_ == size_;
+  std::unique_ptr<ShmPlane> shm;
+  std::string host_why;
+  if (why.empty()) {
+    MPISTRATEGY_RETURN_IF_ERROR(ShmPlane::Create(
+        local_comm_, shm_bytes, one_host ? world : nullptr, &shm, &host_why));
+    // Every host must agree, or the hierarchical steps would not match.
+    int ok = shm != nullptr ? 1 : 0;
+    MPISTRATEGY_MPI_CHECK(
+        MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm_),
+        "MPI_Allreduce(shared memory set up)");
+    if (!ok) {
+      shm.reset();
+      // The reason is this host's, or (rank 0's host had none) another's,
+      // which that host's first rank logs.
+      if (!host_why.empty() && local_rank_ == 0 && rank_ != 0) {
+        LogLine(rank_, "shared memory unavailable on this host: " + host_why);
+      }
+      why = host_why.empty() ? "shared memory is unavailable on another host "
+                               "(its first rank logs why)"
+                             : host_why;
+    }
+  }
+  if (shm == nullptr) {
+    if (kind == HostDataPlane::kShm) {
+      return Status::FailedPrecondition(
+          "data_plane is \"shm\" but shared memory cannot carry this job's "
+          "CPU tensors: " + why + " (data_plane \"auto\" falls back to MPI)");
+    }
+    if (rank_ == 0) LogLine(rank_, "CPU collectives use MPI: " + why);
+    return Status::Ok();
+  }
+  // The plane's waits end when the engine's would (peer timeout).
+  auto hook = [this]() -> Status {
+    return wait_hook_ ? wait_hook_() : Status::Ok();
+  };
+  shm->SetWaitHook(hook);
+  if (one_host) {
+    *plane = std::move(shm);
+    return Status::Ok();
+  }
+  // Across hosts: the ranks with this local rank, one per host.  kMean
+  // divides by all ranks, as each rank's shard is a sum over its host.
+  MPI_Comm cross_comm = MPI_COMM_NULL;
+  MPISTRATEGY_MPI_CHECK(MPI_Comm_split(comm_, local_rank_, rank_, &cross_comm),
+                        "MPI_Comm_split(cross-host)");
+  std::unique_ptr<Transport> cross;
+  const Status s = MpiTransport::Create(cross_comm, &cross);
+  MPI_Comm_free(&cross_comm);
+  MPISTRATEGY_RETURN_IF_ERROR(s);
+  cross->SetWaitHook(hook);
+  plane->reset(new HierarchicalPlane(
+      std::make_unique<HostPlane>(this), std::move(shm),
+      std::make_unique<HostPlane>(std::move(cross), size_)));
+  return Status::Ok();
 }
 
 }  // namespace mpistrategy

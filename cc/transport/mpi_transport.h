@@ -82,6 +82,17 @@ class MpiTransport : public Transport {
   Status PostNotice(int to_rank, const std::string& bytes) override;
   Status TakeNotice(int* from_rank, std::string* bytes, bool* got) override;
 
+  // data_plane "auto" / "shm": a ShmPlane (shm_plane.h) when the job runs
+  // on one host, a HierarchicalPlane (ShmPlane inside each host, MPI across,
+  // `world` for the rest) when every host has the same number of ranks.
+  // Where shared memory cannot be used (one rank per host, hosts of
+  // different sizes, /dev/shm too small), "auto" leaves *plane null and
+  // rank 0 logs why once; "shm" fails with FailedPrecondition saying why.
+  // Every rank decides alike.
+  Status CreateHostPlane(HostDataPlane kind, int64_t shm_bytes,
+                         DataPlane* world,
+                         std::unique_ptr<DataPlane>* plane) override;
+
   MPI_Comm comm() const { return comm_; }
 
  private:

@@ -15,10 +15,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "cc/common/common.h"
+#include "cc/transport/data_plane.h"
 
 namespace mpistrategy {
 
@@ -63,6 +65,24 @@ class Transport {
                            const std::vector<int64_t>& send_bytes, void* out,
                            const std::vector<int64_t>& recv_bytes) = 0;
   virtual Status Barrier() = 0;
+
+  // ---- the data plane of CPU tensors ------------------------------------
+  // Called once by every rank, on the engine thread, after SetWaitHook and
+  // before the first collective.  Leaves `*plane` null when `world` (a
+  // plane over this transport, outliving the created one) is to carry CPU
+  // tensors; else creates a plane for them that needs `world` (e.g. shared
+  // memory inside the host, MPI across hosts: shm_plane.h).  `shm_bytes`:
+  // EngineConfig::shm_bytes.  An error stops the engine (e.g. kShm where
+  // shared memory cannot be used).
+  virtual Status CreateHostPlane(HostDataPlane kind, int64_t shm_bytes,
+                                 DataPlane* world,
+                                 std::unique_ptr<DataPlane>* plane) {
+    (void)kind;
+    (void)shm_bytes;
+    (void)world;
+    plane->reset();
+    return Status::Ok();
+  }
 
   // ---- identity --------------------------------------------------------
   // This rank's host and process id, for messages (common.h PeerInfo).

@@ -5,9 +5,12 @@ For each way of dying (unhandled exception, os._exit(3), SIGKILL) rank 1 of
 mpirun exits non-zero; the job is over within 10 s of the failure (measured
 from the timestamp the failing rank printed just before dying); the output
 says which rank failed (our abort message on a surviving rank, or mpirun's
-own message); no process of the job is left running.
+own message); no process of the job is left running; the shared-memory
+segment of the CPU data plane was gone from /dev/shm while the job ran and
+still is.
 """
 
+import os
 import re
 
 import pytest
@@ -69,6 +72,12 @@ def test_rank_failure_stops_the_job(launch, mode):
       # The exception itself is reported, with its message.
       assert "injected failure on rank 1" in job.rank_text(FAIL_RANK), \
           job.describe()
+    # The ranks share one host: CPU tensors went through shared memory, whose
+    # segment was unlinked once mapped, so even SIGKILL leaves nothing.
+    for rank in range(2):
+      words = job.event("SHM", rank).text.split()
+      assert len(words) == 2 and words[1] == "gone", job.describe()
+      assert not os.path.exists(words[0]), f"{words[0]} left behind"
   finally:
     job.assert_no_leftovers()
 

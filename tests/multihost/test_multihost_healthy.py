@@ -56,6 +56,17 @@ def test_topology_per_host(mpirun_job, cluster):
 
 
 @pytest.mark.timeout(TIMEOUT + 60)
+def test_cpu_allreduce_is_hierarchical(mpirun_job, cluster):
+  """Shared memory inside each host, MPI across (data_plane "auto")."""
+  job = _job(mpirun_job, cluster)
+  segments = [_ops(job, rank)["shm_segments"] for rank in range(SIZE)]
+  # One segment per host, shared by its two ranks.
+  assert all(len(s) == 1 for s in segments), segments
+  assert segments[0] == segments[1] and segments[2] == segments[3], segments
+  assert segments[0] != segments[2], segments
+
+
+@pytest.mark.timeout(TIMEOUT + 60)
 def test_ops_over_tcp(mpirun_job, cluster):
   job = _job(mpirun_job, cluster)
   gathered = [[100 * r + 10 * i + j for j in range(2)]
@@ -74,6 +85,7 @@ def test_ops_over_tcp(mpirun_job, cluster):
         "alltoall": [[[10 * i + rank] for i in range(SIZE)
                       for _ in range(rank + 1)], [rank + 1] * SIZE],
         "reducescatter": summed[sum(counts[:rank]):sum(counts[:rank + 1])],
+        "allreduce_odd_mean": True,
     }
     for name, value in want.items():
       assert got.get(name) == value, (

@@ -23,6 +23,8 @@ def test_defaults():
   assert o.autotune is False
   assert o.autotune_log == ""
   assert o.hierarchical_allreduce is False
+  assert o.data_plane == "auto"
+  assert o.shm_bytes == 16 << 20
   assert o.abort_on_exception is True
 
 
@@ -143,11 +145,25 @@ def test_missing_validation_library_says_to_build(monkeypatch, tmp_path):
     ("autotune", "yes"),
     ("fusion_wait_ms", "1ms"),
     ("hierarchical_allreduce", 1),
+    ("data_plane", 1),
+    ("shm_bytes", "16M"),
     ("abort_on_exception", "yes"),
 ])
 def test_wrong_types(field, value):
   with pytest.raises(TypeError, match=f"Options.{field}"):
     Options(**{field: value})
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("data_plane", "nccl", 'must be "auto", "mpi" or "shm", got \'nccl\''),
+    ("data_plane", "", 'must be "auto", "mpi" or "shm"'),
+    ("shm_bytes", (1 << 20) - 1, "must be an integer >= 1048576"),
+    ("shm_bytes", -5, "must be an integer >= 1048576"),
+])
+def test_data_plane_values(field, value, message):
+  with pytest.raises(ValueError, match=f"Options.{field} {message}"):
+    Options(**{field: value})
+  assert Options(data_plane=" Shm ").data_plane == "shm"
 
 
 def test_normalization():
@@ -181,6 +197,8 @@ def test_from_env_overrides_every_field():
       "MPISTRATEGY_AUTOTUNE_LOG": "/tmp/a.csv",
       "MPISTRATEGY_CHECKPOINT_READ_TIMEOUT_SECONDS": "7.5",
       "MPISTRATEGY_VERBOSE": "1",
+      "MPISTRATEGY_DATA_PLANE": " MPI",
+      "MPISTRATEGY_SHM_BYTES": "2097152",
       "HOME": "/root",
   }
   o = Options.from_env(environ=env)
@@ -191,7 +209,8 @@ def test_from_env_overrides_every_field():
                       fusion_wait_ms=0.5, autotune=True,
                       autotune_log="/tmp/a.csv",
                       checkpoint_read_timeout_seconds=7.5,
-                      peer_timeout_seconds=45.0, verbose=True)
+                      peer_timeout_seconds=45.0, verbose=True,
+                      data_plane="mpi", shm_bytes=2 << 20)
   # Every field has an environment variable.
   assert {f"MPISTRATEGY_{f.name.upper()}" for f in dataclasses.fields(Options)
          } <= set(env)

@@ -8,8 +8,9 @@ The other ranks keep training and block in the next allreduce; the library
 (abort propagation) or mpirun must stop them.  A surviving rank that gets an
 error prints it (CAUGHT) and re-raises it, as a user program would.
 
-Events: INIT, TRAINING, FAIL (failing rank, just before dying), CAUGHT
-(survivors, if they get to see an error), FINISHED (must not happen).
+Events: INIT, TRAINING, SHM (after a step: the shared-memory segments this
+rank maps, "name exists|gone" each), FAIL (failing rank, just before dying),
+CAUGHT (survivors, if they get to see an error), FINISHED (must not happen).
 """
 
 import os
@@ -50,6 +51,12 @@ def train_step(x):
 io.emit("TRAINING")
 try:
   for step in range(args.steps):
+    if step == 1:
+      with open("/proc/self/maps") as f:
+        names = sorted({l.split()[5] for l in f
+                        if "/dev/shm/mpistrategy-" in l})
+      io.emit("SHM", " ".join(
+          f"{n} {'exists' if os.path.exists(n) else 'gone'}" for n in names))
     if rank == args.fail_rank and step == args.fail_step:
       io.emit("FAIL", f"{args.mode} at step {step}")
       if args.mode == "raise":

@@ -74,6 +74,16 @@ def part_ops():
   got = ops.allreduce(big, op=ops.Sum).numpy()
   emit_json("OP", ["allreduce_big", [float(got.min()), float(got.max()),
                                      int(got.size)]])
+  # Not a multiple of the ranks per host (hierarchical allreduce pads the
+  # host's shards); the mean divides by all ranks.
+  odd = tf.range(1001, dtype=tf.float32) * float(rank + 1)
+  got = ops.allreduce(odd, op=ops.Average).numpy()
+  want = np.arange(1001, dtype=np.float32) * ((size + 1) / 2.0)
+  emit_json("OP", ["allreduce_odd_mean", bool((got == want).all())])
+  # The shared-memory segments this rank maps (the CPU data plane).
+  with open("/proc/self/maps") as f:
+    emit_json("OP", ["shm_segments", sorted(
+        {line.split()[5] for line in f if "/dev/shm/mpistrategy-" in line})])
   # Different first dimensions: rank r contributes r + 1 rows.
   rows = tf.constant([[100 * rank + 10 * i + j for j in range(2)]
                       for i in range(rank + 1)], tf.int32)

@@ -1,0 +1,439 @@
+#include "cc/transport/shm_plane.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "cc/common/checks.h"
+#include "cc/common/reduce_kernels.h"
+
+namespace mpistrategy {
+
+namespace {
+
+constexpr int64_t kPage = 4096;
+constexpr int64_t kLine = 64;
+// Reductions run in blocks of this many bytes, small enough that a block
+// and its sources stay in the L1 cache between the passes.
+constexpr int64_t kBlockBytes = 8 << 10;
+
+int64_t RoundUp(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+
+Status NeedHost(const Stream* stream) {
+  if (stream == nullptr || !stream->host_synchronous()) {
+    return Status::Internal(
+        "the shared-memory data plane was given buffers of a device stream");
+  }
+  return Status::Ok();
+}
+
+Status CheckMean(DataType dtype, ReduceOp op) {
+  if (op == ReduceOp::kMean && !IsFloatingDataType(dtype)) {
+    return Status::InvalidArgument(std::string("cannot average ") +
+                                   DataTypeName(dtype) +
+                                   " values (mean needs a floating dtype)");
+  }
+  return Status::Ok();
+}
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+std::string Errno(const std::string& what, int error) {
+  return what + ": " + std::strerror(error);
+}
+
+// What the host's first rank tells the others.
+struct Offer {
+  int32_t ok = 0;
+  char name[64] = {0};
+  char why[400] = {0};
+};
+
+// Creates, sizes and maps the segment `name`; "" on success, else why not
+// (nothing is left behind then).
+std::string CreateSegment(const std::string& name, int64_t bytes,
+                          void** base, bool* name_taken) {
+  *base = nullptr;
+  *name_taken = false;
+  struct statvfs fs;
+  if (statvfs("/dev/shm", &fs) == 0) {
+    const int64_t free_bytes =
+        static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+    if (free_bytes < bytes) {
+      return "/dev/shm has " + std::to_string(free_bytes) +
+             " bytes free, the segment needs " + std::to_string(bytes) +
+             " (a container may need a larger --shm-size, or lower "
+             "shm_bytes)";
+    }
+  }
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    *name_taken = errno == EEXIST;
+    return Errno("shm_open(\"" + name + "\")", errno);
+  }
+  std::string why;
+  // posix_fallocate reserves the pages now: a segment larger than what
+  // /dev/shm holds would otherwise fail later with SIGBUS on first touch.
+  if (ftruncate(fd, bytes) != 0) {
+    why = Errno("ftruncate of the shared-memory segment", errno);
+  } else if (int rc = posix_fallocate(fd, 0, bytes); rc != 0) {
+    why = Errno("reserving " + std::to_string(bytes) +
+                    " bytes in /dev/shm (posix_fallocate)",
+                rc);
+  } else {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      why = Errno("mmap of the shared-memory segment", errno);
+    } else {
+      *base = p;
+    }
+  }
+  close(fd);
+  if (!why.empty()) shm_unlink(name.c_str());
+  return why;
+}
+
+// Maps the existing segment `name` of `bytes`; "" on success.
+std::string OpenSegment(const std::string& name, int64_t bytes, void** base) {
+  *base = nullptr;
+  const int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  if (fd < 0) return Errno("shm_open(\"" + name + "\")", errno);
+  std::string why;
+  struct stat st;
+  if (fstat(fd, &st) != 0 || st.st_size != bytes) {
+    why = "the shared-memory segment \"" + name + "\" has an unexpected size";
+  } else {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      why = Errno("mmap of the shared-memory segment", errno);
+    } else {
+      *base = p;
+    }
+  }
+  close(fd);
+  return why;
+}
+
+// A name no other job on the host uses at the moment (the creator retries
+// with another on EEXIST).
+std::string SegmentName(int attempt) {
+  static std::atomic<int> counter{0};
+  const auto now = std::chrono::steady_clock::now().time_since_epoch();
+  return "/mpistrategy-" + std::to_string(getpid()) + "-" +
+         std::to_string(counter.fetch_add(1)) + "-" +
+         std::to_string(
+             std::chrono::duration_cast<std::chrono::nanoseconds>(now)
+                 .count() %
+             1000000007) +
+         "-" + std::to_string(attempt);
+}
+
+}  // namespace
+
+Status ShmPlane::Create(MPI_Comm comm, int64_t segment_bytes,
+                        DataPlane* fallback, std::unique_ptr<ShmPlane>* out,
+                        std::string* why_not) {
+  out->reset();
+  why_not->clear();
+  int rank = 0;
+  int size = 1;
+  MPISTRATEGY_MPI_CHECK(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  MPISTRATEGY_MPI_CHECK(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+  const int64_t header = RoundUp(kLine * (size + 1), kPage);
+  const int64_t slot =
+      std::max<int64_t>(0, segment_bytes - header) / (2 * size) / kPage * kPage;
+  const int64_t total = header + 2 * size * slot;
+
+  Offer offer;
+  void* base = nullptr;
+  std::string name;
+  if (rank == 0) {
+    std::string why;
+    if (segment_bytes < kShmMinBytesPerRank * size) {
+      why = "shm_bytes is " + std::to_string(segment_bytes) + ", less than " +
+            std::to_string(kShmMinBytesPerRank) + " per rank of the host (" +
+            std::to_string(size) + " ranks)";
+    } else {
+      bool name_taken = true;
+      for (int attempt = 0; attempt < 8 && name_taken; ++attempt) {
+        name = SegmentName(attempt);
+        why = CreateSegment(name, total, &base, &name_taken);
+      }
+    }
+    if (base != nullptr) {
+      offer.ok = 1;
+      std::snprintf(offer.name, sizeof(offer.name), "%s", name.c_str());
+    } else {
+      std::snprintf(offer.why, sizeof(offer.why), "%s", why.c_str());
+    }
+  }
+  int rc = MPI_Bcast(&offer, sizeof(offer), MPI_BYTE, 0, comm);
+  std::string why;
+  if (rc == MPI_SUCCESS && offer.ok && rank != 0) {
+    why = OpenSegment(offer.name, total, &base);
+  }
+  int mapped = base != nullptr ? 1 : 0;
+  if (rc == MPI_SUCCESS) {
+    rc = MPI_Allreduce(MPI_IN_PLACE, &mapped, 1, MPI_INT, MPI_MIN, comm);
+  }
+  // Every rank has it mapped (or gave up): the name can go, so that the
+  // segment vanishes with the last process that maps it.
+  if (rank == 0 && offer.ok) shm_unlink(offer.name);
+  if (rc != MPI_SUCCESS || !offer.ok || !mapped) {
+    if (base != nullptr) munmap(base, total);
+    if (rc != MPI_SUCCESS) return MpiError(rc, "setting up shared memory");
+    if (!offer.ok) {
+      *why_not = offer.why;
+    } else if (!why.empty()) {
+      *why_not = why;
+    } else {
+      *why_not = "a rank of this host could not map the shared-memory segment";
+    }
+    return Status::Ok();
+  }
+  out->reset(new ShmPlane(rank, size, base, total, header, slot, fallback));
+  return Status::Ok();
+}
+
+ShmPlane::ShmPlane(int rank, int size, void* base, int64_t mapped_bytes,
+                   int64_t header_bytes, int64_t slot_bytes,
+                   DataPlane* fallback)
+    : rank_(rank),
+      size_(size),
+      base_(base),
+      mapped_bytes_(mapped_bytes),
+      header_bytes_(header_bytes),
+      slot_bytes_(slot_bytes),
+      fallback_(fallback),
+      block_(kBlockBytes) {}
+
+ShmPlane::~ShmPlane() { munmap(base_, mapped_bytes_); }
+
+char* ShmPlane::Slot(int rank) const {
+  return static_cast<char*>(base_) + header_bytes_ +
+         (static_cast<int64_t>(set_) * size_ + rank) * slot_bytes_;
+}
+
+Status ShmPlane::Barrier() {
+  ++barriers_;
+  auto counter = [this](int rank) {
+    return reinterpret_cast<uint64_t*>(static_cast<char*>(base_) +
+                                       kLine * (rank + 1));
+  };
+  __atomic_store_n(counter(rank_), barriers_, __ATOMIC_RELEASE);
+  using Clock = std::chrono::steady_clock;
+  // Spin while the peers are likely running and about to arrive; then give
+  // the core away (a peer may be waiting for it), first by yielding, then
+  // by sleeping longer and longer.
+  constexpr auto kSpin = std::chrono::microseconds(20);
+  constexpr auto kYield = std::chrono::microseconds(300);
+  constexpr auto kMaxSleep = std::chrono::microseconds(200);
+  constexpr auto kHookEvery = std::chrono::milliseconds(1);
+  Clock::time_point start;
+  Clock::time_point next_hook;
+  bool waited = false;
+  auto sleep = std::chrono::microseconds(5);
+  for (int q = 0; q < size_; ++q) {
+    while (__atomic_load_n(counter(q), __ATOMIC_ACQUIRE) < barriers_) {
+      const Clock::time_point now = Clock::now();
+      if (!waited) {
+        waited = true;
+        start = now;
+        next_hook = now + kHookEvery;
+      }
+      if (now - start < kSpin) {
+        for (int i = 0; i < 16; ++i) CpuRelax();
+        continue;
+      }
+      if (now >= next_hook) {
+        next_hook = now + kHookEvery;
+        if (wait_hook_) MPISTRATEGY_RETURN_IF_ERROR(wait_hook_());
+      }
+      if (now - start < kYield) {
+        sched_yield();
+        continue;
+      }
+      std::this_thread::sleep_for(sleep);
+      sleep = std::min(sleep * 2, kMaxSleep);
+    }
+  }
+  return Status::Ok();
+}
+
+void ShmPlane::ReduceParts(const char* const* srcs, char* dst, int64_t count,
+                           DataType dtype, ReduceOp op) {
+  const int64_t esize = DataTypeSize(dtype);
+  const int64_t per_block = kBlockBytes / esize;
+  char* block = block_.data();
+  for (int64_t i = 0; i < count; i += per_block) {
+    const int64_t n = std::min(per_block, count - i);
+    const int64_t offset = i * esize;
+    std::memcpy(block, srcs[0] + offset, n * esize);
+    for (int q = 1; q < size_; ++q) {
+      ReduceInto(dtype, op, srcs[q] + offset, block, n);
+    }
+    // Checked by the caller (CheckMean): cannot fail.
+    if (op == ReduceOp::kMean) DivideInPlace(dtype, block, n, size_);
+    std::memcpy(dst + offset, block, n * esize);
+  }
+}
+
+Status ShmPlane::Allreduce(const void* in, void* out, int64_t count,
+                           DataType dtype, ReduceOp op, Stream* stream) {
+  MPISTRATEGY_RETURN_IF_ERROR(NeedHost(stream));
+  MPISTRATEGY_RETURN_IF_ERROR(CheckMean(dtype, op));
+  const int64_t esize = DataTypeSize(dtype);
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
+  if (size_ == 1) {
+    if (in != out) std::memcpy(out, in, count * esize);
+    return Status::Ok();
+  }
+  const int64_t chunk = slot_bytes_ / esize;
+  // Parts start on cache lines, so no two ranks write one line.
+  const int64_t align = kLine / esize;
+  srcs_.resize(size_);
+  for (int64_t done = 0; done < count; done += chunk) {
+    const int64_t n = std::min(chunk, count - done);
+    const int64_t part = RoundUp((n + size_ - 1) / size_, align);
+    std::memcpy(Slot(rank_), src + done * esize, n * esize);
+    MPISTRATEGY_RETURN_IF_ERROR(Barrier());
+    const int64_t lo = std::min(n, rank_ * part);
+    const int64_t hi = std::min(n, lo + part);
+    if (hi > lo) {
+      for (int q = 0; q < size_; ++q) srcs_[q] = Slot(q) + lo * esize;
+      ReduceParts(srcs_.data(), Slot(rank_) + lo * esize, hi - lo, dtype, op);
+    }
+    MPISTRATEGY_RETURN_IF_ERROR(Barrier());
+    for (int q = 0; q < size_; ++q) {
+      const int64_t qlo = std::min(n, q * part);
+      const int64_t qhi = std::min(n, qlo + part);
+      if (qhi > qlo) {
+        std::memcpy(dst + (done + qlo) * esize, Slot(q) + qlo * esize,
+                    (qhi - qlo) * esize);
+      }
+    }
+    NextSet();
+  }
+  return Status::Ok();
+}
+
+Status ShmPlane::Allgatherv(const void* in, void* out,
+                            const std::vector<int64_t>& bytes_per_rank,
+                            Stream* stream) {
+  MPISTRATEGY_RETURN_IF_ERROR(NeedHost(stream));
+  if (static_cast<int>(bytes_per_rank.size()) != size_) {
+    return Status::Internal("shared-memory allgather: wrong number of blocks");
+  }
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
+  const int64_t most =
+      *std::max_element(bytes_per_rank.begin(), bytes_per_rank.end());
+  for (int64_t done = 0; done < most; done += slot_bytes_) {
+    const int64_t mine =
+        std::clamp<int64_t>(bytes_per_rank[rank_] - done, 0, slot_bytes_);
+    if (mine > 0) std::memcpy(Slot(rank_), src + done, mine);
+    MPISTRATEGY_RETURN_IF_ERROR(Barrier());
+    int64_t offset = 0;
+    for (int q = 0; q < size_; ++q) {
+      const int64_t n =
+          std::clamp<int64_t>(bytes_per_rank[q] - done, 0, slot_bytes_);
+      char* to = dst + offset + done;
+      // In place (our block already where it belongs): nothing to copy.
+      if (n > 0 && !(q == rank_ && to == src + done)) {
+        std::memcpy(to, Slot(q), n);
+      }
+      offset += bytes_per_rank[q];
+    }
+    NextSet();
+  }
+  return Status::Ok();
+}
+
+Status ShmPlane::Broadcast(void* buffer, int64_t bytes, int root_rank,
+                           Stream* stream) {
+  MPISTRATEGY_RETURN_IF_ERROR(NeedHost(stream));
+  if (root_rank < 0 || root_rank >= size_) {
+    return Status::Internal("shared-memory broadcast: bad root rank " +
+                            std::to_string(root_rank));
+  }
+  if (size_ == 1) return Status::Ok();
+  char* data = static_cast<char*>(buffer);
+  // A round fills the whole set (its slots are contiguous).
+  const int64_t round = slot_bytes_ * size_;
+  for (int64_t done = 0; done < bytes; done += round) {
+    const int64_t n = std::min(round, bytes - done);
+    if (rank_ == root_rank) std::memcpy(Slot(0), data + done, n);
+    MPISTRATEGY_RETURN_IF_ERROR(Barrier());
+    if (rank_ != root_rank) std::memcpy(data + done, Slot(0), n);
+    NextSet();
+  }
+  return Status::Ok();
+}
+
+Status ShmPlane::Reducescatter(const void* in, void* out,
+                               const std::vector<int64_t>& counts,
+                               DataType dtype, ReduceOp op, Stream* stream) {
+  MPISTRATEGY_RETURN_IF_ERROR(NeedHost(stream));
+  MPISTRATEGY_RETURN_IF_ERROR(CheckMean(dtype, op));
+  if (static_cast<int>(counts.size()) != size_) {
+    return Status::Internal(
+        "shared-memory reducescatter: wrong number of blocks");
+  }
+  const int64_t esize = DataTypeSize(dtype);
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
+  // Elements of each block per round, a whole number of cache lines.
+  const int64_t align = kLine / esize;
+  const int64_t per = slot_bytes_ / size_ / esize / align * align;
+  const int64_t most = *std::max_element(counts.begin(), counts.end());
+  srcs_.resize(size_);
+  for (int64_t done = 0; done < most; done += per) {
+    int64_t first = 0;  // block q's first element in `in`
+    for (int q = 0; q < size_; ++q) {
+      const int64_t n = std::clamp<int64_t>(counts[q] - done, 0, per);
+      if (n > 0) {
+        std::memcpy(Slot(rank_) + q * per * esize,
+                    src + (first + done) * esize, n * esize);
+      }
+      first += counts[q];
+    }
+    MPISTRATEGY_RETURN_IF_ERROR(Barrier());
+    const int64_t n = std::clamp<int64_t>(counts[rank_] - done, 0, per);
+    if (n > 0) {
+      for (int q = 0; q < size_; ++q) {
+        srcs_[q] = Slot(q) + rank_ * per * esize;
+      }
+      ReduceParts(srcs_.data(), dst + done * esize, n, dtype, op);
+    }
+    NextSet();
+  }
+  return Status::Ok();
+}
+
+Status ShmPlane::Alltoallv(const void* in,
+                           const std::vector<int64_t>& send_bytes, void* out,
+                           const std::vector<int64_t>& recv_bytes,
+                           Stream* stream) {
+  if (fallback_ == nullptr) {
+    return Status::Internal(
+        "alltoall is not available on this shared-memory plane");
+  }
+  return fallback_->Alltoallv(in, send_bytes, out, recv_bytes, stream);
+}
+
+}  // namespace mpistrategy

@@ -1,0 +1,131 @@
+// The data plane through POSIX shared memory among the ranks of one host.
+//
+// One segment per host: the host's first rank creates it when the plane is
+// created, the others map it, and the creator unlinks it as soon as every
+// rank has it mapped, so nothing stays in /dev/shm after the job, however it
+// ends (only a kill inside those few set-up calls can leave one behind).
+//
+// The segment holds one arrival counter per rank and two sets of one slot
+// per rank.  A collective moves its data in rounds of at most a slot per
+// rank, alternating the sets, so that a round's writes never touch the set
+// the previous round's readers may still read:
+//   * allreduce: every rank copies its chunk into its slot; barrier; rank r
+//     reduces the r-th part of every slot (in rank order, in cache-sized
+//     blocks; kMean divides each block right there) into its own slot;
+//     barrier; every rank copies the reduced parts out.  Each rank
+//     reads and writes the payload a few times, instead of MPI's many small
+//     fragments through its queues;
+//   * allgatherv / broadcast: copy in; barrier; copy out;
+//   * reducescatter: every rank copies the part of each block for this
+//     round; barrier; rank r reduces block r into its output.
+// Alltoallv is not done in shared memory: it goes to the `fallback` plane
+// (MPI), whose ranks must be this plane's ranks.
+//
+// A barrier is a counter per rank that only grows: a rank stores how many
+// barriers it has reached and waits for the others' counters to reach it,
+// spinning briefly, then yielding the core and sleeping with a growing
+// back-off (ranks may outnumber cores), and calling the wait hook every
+// millisecond or so: a non-OK status from it ends the wait, so the engine's
+// peer monitor ends a collective whose peer died.
+
+#ifndef MPISTRATEGY_CC_TRANSPORT_SHM_PLANE_H_
+#define MPISTRATEGY_CC_TRANSPORT_SHM_PLANE_H_
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cc/transport/data_plane.h"
+
+namespace mpistrategy {
+
+// The smallest segment ShmPlane::Create accepts per rank of the host.
+constexpr int64_t kShmMinBytesPerRank = 64 << 10;
+
+class ShmPlane : public DataPlane {
+ public:
+  // Collective over `comm`, whose ranks must share this host's memory (e.g.
+  // from MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)); the plane's ranks are
+  // `comm`'s.  `comm` is only used here, not kept.
+  //
+  // Args:
+  //   segment_bytes: the segment's size (the host's shared memory in use);
+  //     at least kShmMinBytesPerRank per rank of `comm`.
+  //   fallback: runs Alltoallv; its ranks are `comm`'s.  Not owned;
+  //     outlives the plane.
+  //   out: the plane, or null when shared memory cannot be used on this
+  //     host (then *why_not says why, e.g. /dev/shm is too small); the same
+  //     on every rank of `comm`.
+  // Returns an error only when MPI fails.
+  static Status Create(MPI_Comm comm, int64_t segment_bytes,
+                       DataPlane* fallback, std::unique_ptr<ShmPlane>* out,
+                       std::string* why_not);
+
+  ~ShmPlane() override;
+
+  // Called while a barrier waits (see above).  Set before the first
+  // collective.
+  void SetWaitHook(std::function<Status()> hook) {
+    wait_hook_ = std::move(hook);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* name() const override { return "shared memory"; }
+  // Bytes one rank moves per round (tests use it to cross round borders).
+  int64_t slot_bytes() const { return slot_bytes_; }
+
+  // Every method needs a host-synchronous stream (Internal error otherwise).
+  // kMean on a non-floating dtype is InvalidArgument on every rank, before
+  // any rank waits.
+  Status Allreduce(const void* in, void* out, int64_t count, DataType dtype,
+                   ReduceOp op, Stream* stream) override;
+  Status Allgatherv(const void* in, void* out,
+                    const std::vector<int64_t>& bytes_per_rank,
+                    Stream* stream) override;
+  Status Broadcast(void* buffer, int64_t bytes, int root_rank,
+                   Stream* stream) override;
+  Status Reducescatter(const void* in, void* out,
+                       const std::vector<int64_t>& counts, DataType dtype,
+                       ReduceOp op, Stream* stream) override;
+  Status Alltoallv(const void* in, const std::vector<int64_t>& send_bytes,
+                   void* out, const std::vector<int64_t>& recv_bytes,
+                   Stream* stream) override;
+
+ private:
+  ShmPlane(int rank, int size, void* base, int64_t mapped_bytes,
+           int64_t header_bytes, int64_t slot_bytes, DataPlane* fallback);
+
+  // This round's slot of `rank`, in the current set.
+  char* Slot(int rank) const;
+  // Arrives at the next barrier and waits for every rank to arrive.
+  Status Barrier();
+  // Ends a round: the next one uses the other set.
+  void NextSet() { set_ ^= 1; }
+  // dst[0, count) = srcs[0] op srcs[1] op ... (size_ sources, rank order),
+  // divided by size_ for kMean; dst may be one of the sources.
+  void ReduceParts(const char* const* srcs, char* dst, int64_t count,
+                   DataType dtype, ReduceOp op);
+
+  const int rank_;
+  const int size_;
+  void* const base_;
+  const int64_t mapped_bytes_;
+  const int64_t header_bytes_;
+  const int64_t slot_bytes_;
+  DataPlane* const fallback_;
+  std::function<Status()> wait_hook_;
+  uint64_t barriers_ = 0;  // barriers this rank has arrived at
+  int set_ = 0;
+  // Reused per call.
+  std::vector<const char*> srcs_;
+  std::vector<char> block_;
+};
+
+}  // namespace mpistrategy
+
+#endif  // MPISTRATEGY_CC_TRANSPORT_SHM_PLANE_H_
