@@ -242,11 +242,6 @@ Status ParseConfig(const char* text, size_t length, EngineConfig* config) {
     MPISTRATEGY_RETURN_IF_ERROR(
         field->set(field->key, entry.substr(equals + 1), config));
   }
-  if (shm_bytes < kMinShmBytes) {
-    return Status::InvalidArgument(
-        "EngineConfig.shm_bytes must be >= " + std::to_string(kMinShmBytes) +
-        ", got " + std::to_string(shm_bytes));
-  }
   return Status::Ok();
 }
 

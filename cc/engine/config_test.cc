@@ -132,6 +132,14 @@ INSTANTIATE_TEST_SUITE_P(
         RangeCase{"checkpoint_read_timeout_seconds", "-inf",
                   "Options.checkpoint_read_timeout_seconds must be a finite "
                   "number > 0, got -inf"},
+        RangeCase{"shm_bytes", "1048576", ""},
+        RangeCase{"shm_bytes", "1048575",
+                  "Options.shm_bytes must be an integer >= 1048576 (1 MiB), "
+                  "got 1048575"},
+        RangeCase{"data_plane", "shm", ""},
+        RangeCase{"data_plane", "nccl",
+                  "Options.data_plane must be \"auto\", \"mpi\" or "
+                  "\"shm\", got 'nccl'"},
         // Fields without a range parse any value of their type.
         RangeCase{"autotune", "1", ""},
         RangeCase{"hierarchical_allreduce", "0", ""},
@@ -177,7 +185,8 @@ TEST(Config, ParseFillsEveryField) {
       Entry("peer_timeout_seconds", "45.0") +
       Entry("timeline", "/tmp/t.json") +
       Entry("hierarchical_allreduce", "1") +
-      Entry("checkpoint_read_timeout_seconds", "7.5");
+      Entry("checkpoint_read_timeout_seconds", "7.5") +
+      Entry("data_plane", "mpi") + Entry("shm_bytes", "2097152");
   EngineConfig c;
   ASSERT_TRUE(ParseAndValidateConfig(text.data(), text.size(), &c).ok());
   EXPECT_EQ(c.fusion_threshold_bytes, 1024);
@@ -192,6 +201,8 @@ TEST(Config, ParseFillsEveryField) {
   EXPECT_EQ(c.timeline_path, "/tmp/t.json");
   EXPECT_TRUE(c.hierarchical_allreduce);
   EXPECT_EQ(c.checkpoint_read_timeout_seconds, 7.5);
+  EXPECT_EQ(c.data_plane, HostDataPlane::kMpi);
+  EXPECT_EQ(c.shm_bytes, 2097152);
 }
 
 // What Python's ctypes call gets: the same code and message, NUL-terminated
