@@ -35,6 +35,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 
 EXIT_CODE = 42
 
@@ -158,6 +159,20 @@ def unwatch():
         threading.current_thread() is threading.main_thread()):
       signal.signal(_WATCH.signum, _WATCH.previous or signal.SIG_DFL)
       _WATCH.signum = _WATCH.previous = None
+
+
+# The BackupAndRestore callbacks that watch the signal during a fit.  Keras
+# skips on_train_end when fit raises, so the end of fit releases them
+# (`release_fit_watches`, called by compat's Model.fit wrapper); otherwise
+# the process would go on catching the signal after the fit, and a later
+# SIGTERM would only be noted instead of ending it.
+_FIT_WATCHERS = weakref.WeakSet()
+
+
+def release_fit_watches():
+  """Ends the watches of fits that are over (also when fit raised)."""
+  for callback in list(_FIT_WATCHERS):
+    callback._stop_watching()  # pylint: disable=protected-access
 
 
 def note():
@@ -385,6 +400,8 @@ def patch_backup_and_restore():
         _say("BackupAndRestore: steps_per_execution > 1, so the resumed "
              "epoch starts at its first batch (as Keras does)")
     self._mpistrategy_watching = watch()  # pylint: disable=protected-access
+    if self._mpistrategy_watching:  # pylint: disable=protected-access
+      _FIT_WATCHERS.add(self)
 
   def _save_model(self):
     orig_save(self)
@@ -417,6 +434,7 @@ def patch_backup_and_restore():
     return orig_epoch_end(self, epoch, logs)
 
   def _stop_watching(self):
+    _FIT_WATCHERS.discard(self)
     if getattr(self, "_mpistrategy_watching", False):
       self._mpistrategy_watching = False  # pylint: disable=protected-access
       unwatch()

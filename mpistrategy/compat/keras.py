@@ -78,6 +78,7 @@ multi-process `MPIStrategy`, so single-process code is unaffected.
 import tensorflow as tf
 
 from mpistrategy import _tf_private as _tfp
+from mpistrategy import preemption
 
 _WORLD = {"size": 1}
 
@@ -291,6 +292,9 @@ def patch_entry_points(rank):
               e._mpistrategy_noted = True  # pylint: disable=protected-access
               e.add_note(_rule_note(__entry, rank))
             raise
+          finally:
+            if outermost and __entry == "Model.fit":
+              preemption.release_fit_watches()
 
       wrapper.__doc__ = original.__doc__
       wrapper.__name__ = method

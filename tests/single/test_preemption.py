@@ -78,6 +78,28 @@ def test_fit_saves_on_sigterm_and_resumes_at_the_next_batch(tmp_path):
                                 reference.get_weights()[0])
 
 
+class _RaiseAt(keras.callbacks.Callback):
+
+  def on_train_batch_end(self, batch, logs=None):
+    if batch == 2:
+      raise RuntimeError("deliberate failure in fit")
+
+
+def test_fit_that_raises_gives_the_signal_back(tmp_path):
+  # Keras skips on_train_end when fit raises; the signal must still stop
+  # being caught once fit is over, or a later SIGTERM would only be noted.
+  strategy = mpistrategy.MPIStrategy()
+  x, y = _data()
+  model = _model(strategy)
+  before = signal.getsignal(signal.SIGTERM)
+  backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
+  with pytest.raises(RuntimeError, match="deliberate failure in fit"):
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0,
+              callbacks=[backup, _RaiseAt()])
+  assert signal.getsignal(signal.SIGTERM) is before
+  assert preemption._WATCH.users == 0  # pylint: disable=protected-access
+
+
 @pytest.mark.parametrize("text, expected", [
     ("SIGUSR1", signal.SIGUSR1), ("usr1", signal.SIGUSR1),
     ("15", signal.SIGTERM)])
