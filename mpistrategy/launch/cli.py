@@ -311,11 +311,16 @@ def main(argv=None):
   return code
 
 
-def _host_answers(launcher_path, host, environ):
-  """True if mpirun can start a process on `host` within 60 s."""
+def _host_answers(launcher_path, host, environ, mpi_args):
+  """True if mpirun can start a process on `host` within 60 s.
+
+  The user's --mpi-args go along: a site's launch agent or network
+  settings decide whether mpirun can reach a host at all.
+  """
   argv = [launcher_path, "-np", "1", "-H", f"{host}:1"]
   if os.geteuid() == 0:
     argv.append("--allow-run-as-root")
+  argv += [a for text in mpi_args for a in shlex.split(text)]
   try:
     done = subprocess.run(argv + ["true"], env=environ,
                           stdin=subprocess.DEVNULL, capture_output=True,
@@ -340,7 +345,7 @@ def _without_lost_hosts(args, environ, launcher, launcher_path, flavour,
                      "requeue the job instead)")
   hosts = command_lib._parse_hosts(args.hosts)  # pylint: disable=protected-access
   alive = [(h, n) for h, n in hosts
-           if _host_answers(launcher_path, h, command.env)]
+           if _host_answers(launcher_path, h, command.env, args.mpi_args)]
   if len(alive) == len(hosts):
     return command
   lost = ", ".join(h for h, n in hosts if (h, n) not in alive)

@@ -840,11 +840,13 @@ def test_main_works_as_the_console_script(script):
 # --- restarts ---------------------------------------------------------------
 
 # A fake mpirun: answers --version like Open MPI; a probe (`... -H HOST:1
-# true`) fails for "deadhost"; a job run appends its attempt and arguments to
-# $LOG and exits 0 from the $SUCCEED_AT-th run on, else $FAIL_WITH.
+# true`) fails for "deadhost" and without the site's launch agent (the
+# user's --mpi-args); a job run appends its attempt and arguments to $LOG and
+# exits 0 from the $SUCCEED_AT-th run on, else $FAIL_WITH.
 _FAKE_MPIRUN = """\
 if [ "$1" = "--version" ]; then echo "mpirun (Open MPI) 4.1.4"; exit 0; fi
-case " $* " in *" deadhost:1 "*) exit 1;; *" true ") exit 0;; esac
+case " $* " in *" deadhost:1 "*) exit 1;; esac
+case " $* " in *" site-agent true ") exit 0;; *" true ") exit 1;; esac
 echo "attempt=$MPISTRATEGY_RESTART_COUNT $*" >> "$LOG"
 [ "$(wc -l < "$LOG")" -ge "$SUCCEED_AT" ] && exit 0
 exit "$FAIL_WITH"
@@ -884,7 +886,7 @@ def test_restarts_after_preemption_and_failure_then_stops(
 def test_min_np_drops_a_host_that_no_longer_answers(
     monkeypatch, tmp_path, capsys, script):
   argv = ["-H", "livehost:2,deadhost:2", "--restarts", "1", "--min-np", "2",
-          script]
+          "--mpi-args=--mca plm_rsh_agent site-agent", script]
   code, runs, err = _restart_run(monkeypatch, tmp_path, capsys, argv, 2, 1)
   assert code == 0
   assert "-np 4 -H livehost:2,deadhost:2 " in runs[0]
