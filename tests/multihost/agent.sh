@@ -28,5 +28,11 @@ fi
 : "${MULTIHOST_HOSTS_FILE:?agent.sh: MULTIHOST_HOSTS_FILE is not set}"
 host=$1
 shift
+# A host the test marked as gone (SimulatedHosts.set_gone) does not answer,
+# like ssh to a crashed machine.
+if [[ -n "${MULTIHOST_GONE_DIR:-}" && -e "$MULTIHOST_GONE_DIR/$host" ]]; then
+  echo "agent.sh: $host: host is gone (simulated)" >&2
+  exit 255
+fi
 exec ip netns exec "${MULTIHOST_NS_PREFIX}${host}" \
   unshare --uts -- "$0" --inside "$host" "$@"

@@ -282,6 +282,8 @@ def hosts_left_empty(request):
     for h in hosts.names:
       if not hosts.link_is_up(h):
         hosts.set_link(h, True)
+      if hosts.is_gone(h):
+        hosts.set_gone(h, False)
     # A test that failed already says why; this catches one that forgot.
     if left and not getattr(request.node, "_mh_failed", False):
       pytest.fail("processes were left on the hosts after the test:\n" + left)

@@ -243,7 +243,37 @@ class SimulatedHosts:
   def env(self):
     """Variables `agent.sh` needs (put them in the job's environment)."""
     return {"MULTIHOST_NS_PREFIX": self.prefix,
-            "MULTIHOST_HOSTS_FILE": self.hosts_file}
+            "MULTIHOST_HOSTS_FILE": self.hosts_file,
+            "MULTIHOST_GONE_DIR": self._gone_dir()}
+
+  def _gone_dir(self):
+    return os.path.join(self.workdir, "gone")
+
+  def set_gone(self, host, gone):
+    """From now on `agent.sh` refuses to start anything on `host` (or not).
+
+    With `kill_host`, this is a host that crashed: its processes die and
+    mpirun cannot reach it any more.
+    """
+    os.makedirs(self._gone_dir(), exist_ok=True)
+    marker = os.path.join(self._gone_dir(), host)
+    if gone:
+      open(marker, "w", encoding="ascii").close()
+    elif os.path.exists(marker):
+      os.remove(marker)
+
+  def is_gone(self, host):
+    return os.path.exists(os.path.join(self._gone_dir(), host))
+
+  def kill_host(self, host):
+    """SIGKILLs every process on `host`; the number killed."""
+    pids = namespace_pids(self.ns(host))
+    for pid in pids:
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+    return len(pids)
 
   def command(self, host, argv):
     """`argv` to run on `host` (through agent.sh, like `ssh host argv`)."""

@@ -9,6 +9,7 @@ number of ranks from -H (issue #14 item 5).
 """
 
 import json
+import time
 
 import pytest
 
@@ -47,3 +48,59 @@ def test_launcher_derives_np_from_hosts(launcher_job):
   """No -np: 2 + 2 slots give 4 ranks."""
   _check(launcher_job(["-H", "hosta:2,hostb:2"], ["--part", "topology"],
                       timeout=TIMEOUT))
+
+
+LOST_STEP = 5       # hostb crashes once rank 0 has done this many steps
+
+
+@pytest.mark.timeout(2 * TIMEOUT + 60)
+def test_lost_host_restart_goes_on_with_fewer_ranks(cluster, launcher_job,
+                                                    tmp_path):
+  """hostb crashes mid-fit; --restarts 1 --min-np 2 resumes on hosta alone.
+
+  The crash: every process on hostb is killed and the agent no longer
+  reaches it (as ssh to a dead machine).  The launcher's restart probes the
+  hosts, drops hostb, and the job resumes from BackupAndRestore's backup
+  with 2 ranks on hosta (the data sharded again for 2), to the end.
+  """
+  backup = str(tmp_path / "backup")
+  job = launcher_job(
+      ["-H", "hosta:2,hostb:2", "--restarts", "1", "--min-np", "2"],
+      ["--part", "resume", f"--backup-dir={backup}", "--slow=0.3"],
+      timeout=2 * TIMEOUT)
+  deadline = time.time() + TIMEOUT
+  while time.time() < deadline and not any(
+      int(t) >= LOST_STEP for _, _, t in job.events("PROGRESS", 0)):
+    if job.proc.poll() is not None:
+      break
+    time.sleep(0.2)
+  if not any(int(t) >= LOST_STEP for _, _, t in job.events("PROGRESS", 0)):
+    job.kill()
+    job.wait()
+    pytest.fail(f"rank 0 never reached step {LOST_STEP}\n" + job.describe())
+  cluster.set_gone("hostb", True)
+  assert cluster.kill_host("hostb") > 0
+  job.wait()
+  left = None if job.cluster.empty() else describe_hosts(job.cluster)
+  assert not job.timed_out, "the job hung\n" + job.describe()
+  assert job.returncode == 0, job.describe()
+  out = job.output
+  for text in ("attempt 1 of 2 ended: ",
+               "lost hostb; going on with 2 ranks on hosta:2",
+               "mpistrategy.run: attempt 2 of 2"):
+    assert text in out, f"no {text!r}\n" + job.describe()
+  resumed = job.events("RESUMED")
+  # Attempt 1: 4 ranks from step 0; attempt 2: 2 ranks from a saved step.
+  first = [t for r, _, t in resumed[:4]]
+  assert first == ["0"] * 4, job.describe()
+  second = {(r, t) for r, _, t in resumed[4:]}
+  assert len(second) == 2 and {r for r, _ in second} == {0, 1}, job.describe()
+  step = int(next(iter(second))[1])
+  assert len({t for _, t in second}) == 1 and step >= 2, job.describe()
+  finished = [json.loads(t) for _, _, t in job.events("FINISHED")]
+  assert len(finished) == 2, job.describe()
+  assert finished[0] == finished[1] and finished[0]["steps"] == 32, (
+      job.describe())
+  assert left is None, "processes outlived the job:\n" + left
+  print(f"hostb lost after step {LOST_STEP}; resumed at step {step} on "
+        f"hosta:2; whole job {job.elapsed:.1f} s")

@@ -6,12 +6,15 @@
 --part train     a training loop (allreduce of gradients every step) that
                  runs until every rank has trained --seconds, then checks a
                  final allreduce; for the fault tests
+--part resume    Keras `fit` with `BackupAndRestore(--backup-dir)`, --slow
+                 seconds per batch; resumes where an earlier attempt saved
 
 Several parts may be given (--part topology --part ops --part keras).  Every
 observation is one `@@ <rank> <time> <EVENT> <text>` line (_rankio.py from
 tests/launcher/scripts).  Events: PID (pid hostname), INIT (JSON topology),
 OP (name JSON), WEIGHTS (hash loss...), TRAINING, PROGRESS (step), CAUGHT
-(an error from a collective, before it is re-raised), FINISHED (JSON).
+(an error from a collective, before it is re-raised), FINISHED (JSON),
+RESUMED (the optimizer step fit starts from).
 """
 
 import hashlib
@@ -28,10 +31,13 @@ import _rankio as io
 
 p = io.parser(__doc__)
 p.add_argument("--part", action="append",
-               choices=["topology", "ops", "keras", "train"])
+               choices=["topology", "ops", "keras", "train", "resume"])
 p.add_argument("--seconds", type=float, default=20.0,
                help="--part train: train at least this long on every rank")
 p.add_argument("--epochs", type=int, default=2)
+p.add_argument("--backup-dir", help="--part resume: BackupAndRestore's folder")
+p.add_argument("--slow", type=float, default=0.0,
+               help="--part resume: sleep this long after each batch")
 args = p.parse_args()
 parts = args.part or ["topology"]
 
@@ -167,8 +173,39 @@ def part_train():
                              :16]})
 
 
+def part_resume():
+  """fit with BackupAndRestore: 4 epochs of 8 global batches of 24 rows."""
+  import keras
+  strategy = mpistrategy.MPIStrategy()
+  rng = np.random.RandomState(0)
+  x = rng.randn(192, 4).astype(np.float32)
+  y = x @ np.array([[1.0], [2.0], [-1.0], [0.5]], np.float32)
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(
+        1, kernel_initializer="zeros")])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+
+  class Report(keras.callbacks.Callback):
+
+    def on_train_begin(self, logs=None):
+      # After BackupAndRestore (earlier in the list) restored the backup.
+      io.emit("RESUMED", str(int(self.model.optimizer.iterations.numpy())))
+
+    def on_train_batch_end(self, batch, logs=None):
+      io.emit("PROGRESS", str(int(self.model.optimizer.iterations.numpy())))
+      time.sleep(args.slow)
+
+  model.fit(x, y, batch_size=24, epochs=4, shuffle=False, verbose=0,
+            callbacks=[keras.callbacks.BackupAndRestore(args.backup_dir,
+                                                        save_freq=2),
+                       Report()])
+  emit_json("FINISHED", {
+      "steps": int(model.optimizer.iterations.numpy()),
+      "w": hashlib.sha256(model.get_weights()[0].tobytes()).hexdigest()[:16]})
+
+
 for part in parts:
   {"topology": part_topology, "ops": part_ops, "keras": part_keras,
-   "train": part_train}[part]()
+   "train": part_train, "resume": part_resume}[part]()
 io.emit("DONE")
 mpistrategy.shutdown()
