@@ -186,10 +186,14 @@ def bench_raw(comm, cases, args):
       s, _ = time_calls(lambda x=x, y=y: comm.Allreduce(x, y, op=MPI.SUM),
                         warmup, iters)
       check(y, expected, "raw " + label)
+      # The memory floor: one core copying the same bytes, no MPI.
+      floor_out = np.empty_like(x)
+      s_copy, _ = time_calls(lambda: np.copyto(floor_out, x), warmup, iters)
       results[label] = {
           "raw": s,
           "raw_inplace": time_inplace(n, warmup, iters,
-                                      "raw in-place " + label)}
+                                      "raw in-place " + label),
+          "memcpy": s_copy}
     else:
       xs = [np.full(n, rank + 1, np.float32) for _ in range(count)]
       ys = [np.empty_like(x) for x in xs]
@@ -567,6 +571,12 @@ def report(results, meta):
     if "ops_chain_per_op" in r:
       versus_raw(r, f"{what}, per op, {r['chain_length']} chained in one "
                  "tf.function", "ops_chain_per_op")
+    for key in sorted(k for k in r if k.startswith("ops_chain_per_op[")):
+      versus_raw(r, f"{what}, per op chained, data_plane="
+                 f"{key[len('ops_chain_per_op['):-1]}", key)
+    if "memcpy" in r:
+      add_row([f"{label} memory floor: one core copies the bytes", "",
+               ms(r["memcpy"]), "", "", ""])
     if "ops_unpacked" in r:
       versus_raw(r, f"{label} grouped, pack=False (engine fusion), one "
                  "tf.function call", "ops_unpacked")
@@ -702,6 +712,11 @@ def main():
   p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
   p.add_argument("--no-chain", action="store_true",
                  help="skip the chained per-op measurements")
+  p.add_argument("--planes", default="",
+                 help="comma-separated Options.data_plane values, e.g. "
+                 "shm,mpi: every round runs the ops once per plane; the "
+                 "first fills the usual columns, the others add chained "
+                 "per-op rows (default: the engine's choice only)")
   p.add_argument("--verbose", action="store_true")
   p.add_argument("--mwms-worker", action="store_true", help=argparse.SUPPRESS)
   # Tags the processes of a test run so the launcher tests can find leftovers.
@@ -753,18 +768,29 @@ def main():
   # running).  Load on a shared machine drifts by several times within a
   # run; ratios are taken round by round (see ratio_to_raw).
   import mpistrategy
+  planes = [p.strip() for p in args.planes.split(",") if p.strip()] or [""]
+  if rank == 0 and planes != [""]:
+    print(f"bench/allreduce.py: data planes {', '.join(planes)} (the first "
+          "fills the ops columns)", flush=True)
   rounds = []
   for case in cases:
     for _ in range(args.rounds):
       rounds.append(bench_raw(comm, [case], args))
       comm.Barrier()
-      mpistrategy.init()
-      if mpistrategy.size() != size:
-        raise SystemExit(f"mpistrategy.size()={mpistrategy.size()} but MPI "
-                         f"size is {size}")
-      rounds.append(bench_ops([case], args, device))
-      mpistrategy.shutdown()
-      comm.Barrier()
+      for i, plane in enumerate(planes):
+        mpistrategy.init(
+            mpistrategy.Options(data_plane=plane) if plane else None)
+        if mpistrategy.size() != size:
+          raise SystemExit(f"mpistrategy.size()={mpistrategy.size()} but "
+                           f"MPI size is {size}")
+        result = bench_ops([case], args, device)
+        if i > 0:  # the other planes: only their chained per-op row
+          result = {label: {f"ops_chain_per_op[{plane}]":
+                            r["ops_chain_per_op"]}
+                    for label, r in result.items() if "ops_chain_per_op" in r}
+        rounds.append(result)
+        mpistrategy.shutdown()
+        comm.Barrier()
   results = pool_rounds(rounds)
 
   if args.include_mwms:
