@@ -25,32 +25,13 @@
 #include "cc/common/float16.h"
 #include "cc/common/reduce_kernels.h"
 #include "cc/common/stream.h"
+#include "cc/testing/mpi_check.h"
 #include "cc/transport/host_plane.h"
 #include "cc/transport/mpi_transport.h"
 #include "cc/transport/shm_plane.h"
 
 namespace mpistrategy {
 namespace {
-
-int g_failures = 0;
-int g_rank = 0;
-
-#define CHECK_TRUE(cond, ...)                                             \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
-      ++g_failures;                                                       \
-      std::fprintf(stderr, "rank %d: %s:%d: check failed: %s: ", g_rank,  \
-                   __FILE__, __LINE__, #cond);                            \
-      std::fprintf(stderr, __VA_ARGS__);                                  \
-      std::fprintf(stderr, "\n");                                         \
-    }                                                                     \
-  } while (0)
-
-#define CHECK_OK(expr)                                   \
-  do {                                                   \
-    Status s_ = (expr);                                  \
-    CHECK_TRUE(s_.ok(), "%s", s_.ToString().c_str());    \
-  } while (0)
 
 const DataType kDtypes[] = {
     DataType::kUint8,   DataType::kInt8,     DataType::kBool,
@@ -348,7 +329,7 @@ int Main(int argc, char** argv) {
   std::unique_ptr<Transport> transport;
   CHECK_OK(MpiTransport::Create(MPI_COMM_WORLD, &transport));
   if (transport == nullptr) return 1;
-  g_rank = transport->rank();
+  g_check_rank = transport->rank();
   const int n = transport->size();
   HostPlane mpi_plane(transport.get());
   HostStream stream;
@@ -389,7 +370,7 @@ int Main(int argc, char** argv) {
     if (large) {
       // More than 2^31 elements, in place (sums of 1 + rank wrap in uint8).
       const int64_t count = (int64_t{1} << 31) + 4099;
-      std::vector<uint8_t> big(count, static_cast<uint8_t>(g_rank + 1));
+      std::vector<uint8_t> big(count, static_cast<uint8_t>(g_check_rank + 1));
       CHECK_OK(plane->Allreduce(big.data(), big.data(), count,
                                 DataType::kUint8, ReduceOp::kSum, &stream));
       const uint8_t want = static_cast<uint8_t>(n * (n + 1) / 2);
@@ -411,17 +392,19 @@ int Main(int argc, char** argv) {
       CHECK_OK(ShmPlane::Create(comm, bytes, &mpi_plane, &plane, &why_not));
       CHECK_TRUE(plane == nullptr && !why_not.empty(), "bytes %lld",
                  static_cast<long long>(bytes));
-      if (g_rank == 0) std::printf("no plane, as expected: %s\n", why_not.c_str());
+      if (g_check_rank == 0) {
+        std::printf("no plane, as expected: %s\n", why_not.c_str());
+      }
     }
   }
   MPI_Barrier(comm);
   CHECK_TRUE(SegmentsLeft(creator) == 0, "segments left in /dev/shm: %d",
              SegmentsLeft(creator));
   transport.reset();
-  if (g_failures == 0) std::printf("rank %d: PASS\n", g_rank);
+  if (g_check_failures == 0) std::printf("rank %d: PASS\n", g_check_rank);
   std::fflush(stdout);
   FinalizeMpiIfWeInitialized();
-  return g_failures == 0 ? 0 : 1;
+  return g_check_failures == 0 ? 0 : 1;
 }
 
 }  // namespace
