@@ -37,8 +37,12 @@ def say(text):
   sys.stderr.flush()
 
 
-def _session_pids(sid):
-  """PIDs of the processes in session `sid` (Linux /proc; else empty)."""
+def _pids_where(field, value):
+  """PIDs whose /proc/PID/stat field `field` is `value` (Linux; else empty).
+
+  Fields count from the one after "pid (comm)": 0 state, 1 ppid, 2 pgrp,
+  3 session.
+  """
   pids = []
   try:
     entries = os.listdir("/proc")
@@ -53,10 +57,14 @@ def _session_pids(sid):
         fields = f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
       continue
-    # After "pid (comm)": state ppid pgrp session ...
-    if len(fields) > 3 and fields[3] == str(sid):
+    if len(fields) > field and fields[field] == str(value):
       pids.append(int(entry))
   return pids
+
+
+def _session_pids(sid):
+  """PIDs of the processes in session `sid`."""
+  return _pids_where(3, sid)
 
 
 def _kill_session(proc):
@@ -79,24 +87,8 @@ _RANK_VARIABLES = (b"OMPI_COMM_WORLD_RANK=", b"PMIX_RANK=", b"PMI_RANK=")
 
 
 def _children(pid):
-  """PIDs whose parent is `pid` (Linux /proc; else empty)."""
-  pids = []
-  try:
-    entries = os.listdir("/proc")
-  except OSError:
-    return pids
-  for entry in entries:
-    if not entry.isdigit():
-      continue
-    try:
-      with open(f"/proc/{entry}/stat", encoding="ascii",
-                errors="replace") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-      continue
-    if len(fields) > 1 and fields[1] == str(pid):
-      pids.append(int(entry))
-  return pids
+  """PIDs whose parent is `pid`."""
+  return _pids_where(1, pid)
 
 
 def _is_rank(pid):
