@@ -63,6 +63,14 @@ struct Offer {
   char why[400] = {0};
 };
 
+// Maps `bytes` of the open segment `fd` into *base; "" on success.
+std::string MapSegment(int fd, int64_t bytes, void** base) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return Errno("mmap of the shared-memory segment", errno);
+  *base = p;
+  return "";
+}
+
 // Creates, sizes and maps the segment `name`; "" on success, else why not
 // (nothing is left behind then).
 std::string CreateSegment(const std::string& name, int64_t bytes,
@@ -95,12 +103,7 @@ std::string CreateSegment(const std::string& name, int64_t bytes,
                     " bytes in /dev/shm (posix_fallocate)",
                 rc);
   } else {
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-      why = Errno("mmap of the shared-memory segment", errno);
-    } else {
-      *base = p;
-    }
+    why = MapSegment(fd, bytes, base);
   }
   close(fd);
   if (!why.empty()) shm_unlink(name.c_str());
@@ -117,12 +120,7 @@ std::string OpenSegment(const std::string& name, int64_t bytes, void** base) {
   if (fstat(fd, &st) != 0 || st.st_size != bytes) {
     why = "the shared-memory segment \"" + name + "\" has an unexpected size";
   } else {
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-      why = Errno("mmap of the shared-memory segment", errno);
-    } else {
-      *base = p;
-    }
+    why = MapSegment(fd, bytes, base);
   }
   close(fd);
   return why;
