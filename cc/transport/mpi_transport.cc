@@ -594,6 +594,13 @@ Status MpiTransport::CreateHostPlane(HostDataPlane kind, int64_t shm_bytes,
   std::unique_ptr<ShmPlane> shm;
   std::string host_why;
   if (why.empty()) {
+    if (local_rank_ == 0) {
+      for (const std::string& path : RemoveAbandonedShmSegments()) {
+        LogLine(rank_, "removed " + path +
+                           ", a shared-memory segment that a killed job "
+                           "left behind");
+      }
+    }
     MPISTRATEGY_RETURN_IF_ERROR(ShmPlane::Create(
         local_comm_, shm_bytes, one_host ? world : nullptr, &shm, &host_why));
     // Every host must agree, or the hierarchical steps would not match.

@@ -1,7 +1,9 @@
 #include "cc/transport/shm_plane.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -11,7 +13,9 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <thread>
 
 #include "cc/common/checks.h"
@@ -126,12 +130,15 @@ std::string OpenSegment(const std::string& name, int64_t bytes, void** base) {
   return why;
 }
 
+// Every segment's name starts with this, then the creator's PID and a '-'.
+constexpr char kSegmentPrefix[] = "mpistrategy-";
+
 // A name no other job on the host uses at the moment (the creator retries
 // with another on EEXIST).
 std::string SegmentName(int attempt) {
   static std::atomic<int> counter{0};
   const auto now = std::chrono::steady_clock::now().time_since_epoch();
-  return "/mpistrategy-" + std::to_string(getpid()) + "-" +
+  return "/" + std::string(kSegmentPrefix) + std::to_string(getpid()) + "-" +
          std::to_string(counter.fetch_add(1)) + "-" +
          std::to_string(
              std::chrono::duration_cast<std::chrono::nanoseconds>(now)
@@ -140,7 +147,40 @@ std::string SegmentName(int attempt) {
          "-" + std::to_string(attempt);
 }
 
+// The creator's PID in a segment's file name, or 0 if it is not one.
+pid_t CreatorPid(const char* file_name) {
+  const size_t prefix = sizeof(kSegmentPrefix) - 1;
+  if (std::strncmp(file_name, kSegmentPrefix, prefix) != 0) return 0;
+  char* end = nullptr;
+  const long pid = std::strtol(file_name + prefix, &end, 10);
+  if (end == file_name + prefix || *end != '-' || pid <= 0) return 0;
+  return static_cast<pid_t>(pid);
+}
+
 }  // namespace
+
+std::vector<std::string> RemoveAbandonedShmSegments(const std::string& dir,
+                                                    int min_age_seconds) {
+  std::vector<std::string> removed;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return removed;
+  const time_t now = std::time(nullptr);
+  while (const dirent* e = readdir(d)) {
+    const pid_t pid = CreatorPid(e->d_name);
+    if (pid == 0) continue;
+    const std::string path = dir + "/" + e->d_name;
+    struct stat st;
+    // Another user's, or too young: its creator may still be setting it up.
+    if (lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
+        st.st_uid != geteuid() || now - st.st_mtime < min_age_seconds) {
+      continue;
+    }
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue;  // the creator lives
+    if (unlink(path.c_str()) == 0) removed.push_back(path);
+  }
+  closedir(d);
+  return removed;
+}
 
 Status ShmPlane::Create(MPI_Comm comm, int64_t segment_bytes,
                         DataPlane* fallback, std::unique_ptr<ShmPlane>* out,

@@ -3,7 +3,9 @@
 // One segment per host: the host's first rank creates it when the plane is
 // created, the others map it, and the creator unlinks it as soon as every
 // rank has it mapped, so nothing stays in /dev/shm after the job, however it
-// ends (only a kill inside those few set-up calls can leave one behind).
+// ends.  Only a kill inside those set-up calls (the creator waits there for
+// the host's slowest rank) can leave one behind; the next job's creator on
+// the host removes it (RemoveAbandonedShmSegments).
 //
 // The segment holds one arrival counter per rank and two sets of one slot
 // per rank.  A collective moves its data in rounds of at most a slot per
@@ -45,6 +47,23 @@ namespace mpistrategy {
 
 // The smallest segment ShmPlane::Create accepts per rank of the host.
 constexpr int64_t kShmMinBytesPerRank = 64 << 10;
+
+// A segment's set-up lasts at most until the host's slowest rank starts its
+// engine; an abandoned one is removed only when older than this, so that a
+// creator that only looks dead (another PID namespace sharing /dev/shm)
+// keeps its segment through its set-up.
+constexpr int kShmAbandonedAfterSeconds = 600;
+
+// Unlinks the ShmPlane segments in `dir` (/dev/shm in production) that this
+// user's ranks left behind when killed inside ShmPlane::Create: those whose
+// creating process no longer exists and that are older than
+// `min_age_seconds`.  Best effort: what cannot be removed is left.
+//
+// Returns:
+//   The removed segments' paths, for the log.
+std::vector<std::string> RemoveAbandonedShmSegments(
+    const std::string& dir = "/dev/shm",
+    int min_age_seconds = kShmAbandonedAfterSeconds);
 
 class ShmPlane : public DataPlane {
  public:

@@ -7,11 +7,15 @@ from the timestamp the failing rank printed just before dying); the output
 says which rank failed (our abort message on a surviving rank, or mpirun's
 own message); no process of the job is left running; the shared-memory
 segment of the CPU data plane was gone from /dev/shm while the job ran and
-still is.
+still is.  A kill inside the segment's set-up, the one moment that can leave
+it behind, is cleaned up by the host's next job.
 """
 
 import os
 import re
+import shutil
+import subprocess
+import time
 
 import pytest
 
@@ -103,3 +107,73 @@ def test_abort_message_reaches_surviving_rank(launch):
     assert "RuntimeError" in text, job.describe()
   finally:
     job.assert_no_leftovers()
+
+
+# Killed inside the shared-memory set-up: the creating rank calls
+# shm_unlink only once every rank has mapped the segment, so a SIGKILL just
+# before that call is the one moment that can leave a segment behind.  This
+# preload library kills the process at that call.
+_KILL_AT_UNLINK = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <signal.h>
+#include <string.h>
+int shm_unlink(const char* name) {
+  if (strncmp(name, "/mpistrategy-", 13) == 0) raise(SIGKILL);
+  int (*next)(const char*) = (int (*)(const char*))dlsym(RTLD_NEXT,
+                                                         "shm_unlink");
+  return next(name);
+}
+"""
+
+
+def _segments():
+  try:
+    return {os.path.join("/dev/shm", n) for n in os.listdir("/dev/shm")
+            if n.startswith("mpistrategy-")}
+  except FileNotFoundError:
+    return set()
+
+
+@pytest.mark.timeout(200)
+def test_segment_left_by_a_kill_in_set_up_is_removed_by_next_job(
+    launch, tmp_path):
+  compiler = shutil.which("cc") or shutil.which("gcc")
+  if compiler is None:
+    pytest.skip("no C compiler for the fault-injecting preload library")
+  source = tmp_path / "kill_at_unlink.c"
+  source.write_text(_KILL_AT_UNLINK)
+  preload = tmp_path / "kill_at_unlink.so"
+  subprocess.run([compiler, "-shared", "-fPIC", "-o", str(preload),
+                  str(source), "-ldl"], check=True)
+
+  before = _segments()
+  killed = launch("single.py", np=2, timeout=120,
+                  env={"LD_PRELOAD": str(preload)})
+  left = sorted(_segments() - before)
+  try:
+    killed.assert_no_leftovers()
+    assert killed.returncode != 0 and not killed.timed_out, killed.describe()
+    assert "signal 9" in killed.output, killed.describe()
+    assert len(left) == 1, (f"expected the one segment of the killed set-up, "
+                            f"found {left}\n" + killed.describe())
+    # Older than any set-up can last: a later job on the host removes it.
+    old = time.time() - 3600
+    os.utime(left[0], (old, old))
+    job = tmp_path / "one_allreduce.py"
+    job.write_text("import numpy as np\n"
+                   "import tensorflow as tf\n"
+                   "from mpistrategy import ops\n"
+                   "assert np.all(ops.allreduce(tf.ones([4])).numpy() == 2)\n")
+    after = launch(str(job), np=2, timeout=120)
+    after.assert_no_leftovers()
+    assert after.returncode == 0, after.describe()
+    assert not os.path.exists(left[0]), (
+        f"{left[0]} survived the next job\n" + after.describe())
+    said = [l for l in after.rank_lines(0)
+            if f"removed {left[0]}, a shared-memory segment" in l]
+    assert said, after.describe()
+  finally:
+    for path in left:
+      if os.path.exists(path):
+        os.unlink(path)
