@@ -8,7 +8,10 @@ times in turn (default 3, so that slow drift of the machine affects all
 alike), and prints a table of the medians:
 
 * `single`: one process, default strategy, the global batch;
-* `mpi`:    `mpirun -np 2`, `mpistrategy.MPIStrategy`;
+* `mpi`:    `mpirun -np 2`, `mpistrategy.MPIStrategy` (the default
+  `data_plane="auto"`: CPU tensors through shared memory);
+* `mpi_plane_mpi`: the same with `MPISTRATEGY_DATA_PLANE=mpi` (CPU tensors
+  through MPI's messages);
 * `mwms`:   `mpirun -np 2`, TF's own `tf.distribute.MultiWorkerMirroredStrategy`
   with `TF_CONFIG` on localhost ports (mpirun only launches; the rank comes
   from OMPI_COMM_WORLD_RANK);
@@ -24,8 +27,11 @@ alike), and prints a table of the medians:
 Overhead = step time minus the single-process step time.  The target is an
 MPIStrategy overhead of at most 1/3 of MWMS's.  On one machine the ranks
 share its cores, so part of every 2-rank overhead is not communication; the
-`independent` row measures that part, and the last line compares the
-communication cost alone (step time minus `independent`).
+`independent` row measures that part, and the last lines compare the
+communication cost alone (step time minus `independent`): MPIStrategy against
+MWMS, and the shared-memory data plane against the MPI one (target: at
+most half).  `--modes` runs a subset (`single` and `independent` always
+run).
 
 Stock MWMS cannot run Keras 3.15 `fit` (TF-INTEGRATION-NOTES §6); the `mwms`
 worker applies the two minimal patches below, and *only* there.
@@ -97,7 +103,7 @@ def worker(args):
   import numpy as np
   import tensorflow as tf
   import keras
-  if args.mode == "mpi":
+  if args.mode in ("mpi", "mpi_plane_mpi"):
     sys.path.insert(0, ROOT)
     import mpistrategy
     strategy = mpistrategy.MPIStrategy()
@@ -151,7 +157,8 @@ def driver(args):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
              OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
              PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  modes = ("single", "mpi", "mwms", "mwms_shared", "independent")
+  modes = [m for m in _MODES
+           if m in args.modes or m in ("single", "independent")]
   # What mpistrategy.init() sets for ranks sharing this host (unbound).
   share = str(max(1, (os.cpu_count() or 1) // args.np))
   runs = {mode: [] for mode in modes}
@@ -168,6 +175,8 @@ def driver(args):
       if mode in ("mwms_shared", "independent"):
         exports += ["TF_NUM_INTRAOP_THREADS=" + share,
                     "TF_NUM_INTEROP_THREADS=" + share]
+      if mode == "mpi_plane_mpi":
+        exports.append("MPISTRATEGY_DATA_PLANE=mpi")
       cmd = mpirun_command(args.np, cmd, exports, mpirun=args.mpirun)
     print("running", mode, "...", flush=True)
     proc = subprocess.run(cmd, env=env, timeout=args.timeout,
@@ -190,35 +199,53 @@ def driver(args):
         " steps, median of %d rounds" % (
             results["single"]["params"] / 1e6, args.global_batch, args.np,
             args.steps, args.rounds))
-  print("%-22s %12s %14s" % ("configuration", "step (ms)", "overhead (ms)"))
-  for mode, label in (("single", "1 process"), ("mpi", "MPIStrategy"),
-                      ("mwms", "MWMS (gRPC, patched)"),
-                      ("mwms_shared", "MWMS, threads sized"),
-                      ("independent", "%d independent procs" % args.np)):
+  print("%-30s %12s %14s" % ("configuration", "step (ms)", "overhead (ms)"))
+  labels = {"single": "1 process", "mpi": "MPIStrategy",
+            "mpi_plane_mpi": "MPIStrategy, data_plane=mpi",
+            "mwms": "MWMS (gRPC, patched)",
+            "mwms_shared": "MWMS, threads sized",
+            "independent": "%d independent procs" % args.np}
+  for mode in modes:
     t = results[mode]["median_s"]
-    print("%-22s %12.2f %14.2f" % (label, t * 1e3, (t - single) * 1e3))
-  mpi_over = results["mpi"]["median_s"] - single
-  mwms_over = results["mwms"]["median_s"] - single
-  ratio = mpi_over / mwms_over if mwms_over > 0 else float("nan")
-  print("MPIStrategy overhead / MWMS overhead = %.2f (target <= 0.33)" % ratio)
-  shared_over = results["mwms_shared"]["median_s"] - single
-  print("MPIStrategy overhead / overhead of MWMS with the same thread sizing "
-        "= %.2f" % (mpi_over / shared_over if shared_over > 0
-                    else float("nan")))
-  alone = results["independent"]["median_s"]
-  mpi_comm = results["mpi"]["median_s"] - alone
-  mwms_comm = results["mwms_shared"]["median_s"] - alone
-  print("Communication alone (step minus independent, both with sized "
-        "threads): MPIStrategy %.2f ms, MWMS %.2f ms, ratio %.2f" % (
-            mpi_comm * 1e3, mwms_comm * 1e3,
-            mpi_comm / mwms_comm if mwms_comm > 0 else float("nan")))
+    print("%-30s %12.2f %14.2f" % (labels[mode], t * 1e3, (t - single) * 1e3))
+
+  def ratio(a, b):
+    return a / b if b > 0 else float("nan")
+
+  def over(mode):
+    return results[mode]["median_s"] - single
+
+  def comm(mode):
+    return results[mode]["median_s"] - results["independent"]["median_s"]
+
+  if "mpi" in results and "mwms" in results:
+    print("MPIStrategy overhead / MWMS overhead = %.2f (target <= 0.33)" %
+          ratio(over("mpi"), over("mwms")))
+  if "mpi" in results and "mwms_shared" in results:
+    print("MPIStrategy overhead / overhead of MWMS with the same thread "
+          "sizing = %.2f" % ratio(over("mpi"), over("mwms_shared")))
+    print("Communication alone (step minus independent, both with sized "
+          "threads): MPIStrategy %.2f ms, MWMS %.2f ms, ratio %.2f" % (
+              comm("mpi") * 1e3, comm("mwms_shared") * 1e3,
+              ratio(comm("mpi"), comm("mwms_shared"))))
+  if "mpi" in results and "mpi_plane_mpi" in results:
+    print("MPIStrategy over independent: shared memory %.2f ms, MPI plane "
+          "%.2f ms, ratio %.2f (target <= 0.5)" % (
+              comm("mpi") * 1e3, comm("mpi_plane_mpi") * 1e3,
+              ratio(comm("mpi"), comm("mpi_plane_mpi"))))
+
+
+_MODES = ("single", "mpi", "mpi_plane_mpi", "mwms", "mwms_shared",
+          "independent")
 
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-  p.add_argument("--mode", choices=["single", "mpi", "mwms", "mwms_shared",
-                                    "independent"])
+  p.add_argument("--mode", choices=_MODES)
+  p.add_argument("--modes", type=lambda v: v.split(","), default=_MODES,
+                 help="comma-separated configurations to run, e.g. "
+                 "mpi,mpi_plane_mpi (default: all)")
   p.add_argument("--out")
   p.add_argument("--ports", type=int, nargs="*")
   p.add_argument("--np", type=int, default=2)

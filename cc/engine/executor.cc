@@ -252,6 +252,22 @@ Status Executor::Allreduce(const Bucket& bucket,
     }
     return Status::Ok();
   }
+  if (host && plane->reduces_parts()) {
+    // The plane reads and writes the tensors itself: no fusion buffer.
+    parts_.clear();
+    for (size_t k = 0; k < responses.size(); ++k) {
+      parts_.push_back({entries[k]->input, entries[k]->output,
+                        NumElements(responses[k]->shapes[0])});
+    }
+    const double t0 = timeline_ != nullptr ? timeline_->Now() : 0.0;
+    MPISTRATEGY_RETURN_IF_ERROR(
+        plane->AllreduceParts(parts_, dtype, op, stream));
+    if (timeline_ != nullptr) {
+      Trace(TimelineCollectiveName(CollectiveType::kAllreduce), responses,
+            entries, t0, timeline_->Now());
+    }
+    return Status::Ok();
+  }
   // Timeline marks (host buckets): before the copies in, the collective,
   // the copies out.
   const bool trace = timeline_ != nullptr && host;

@@ -142,6 +142,7 @@ class Executor {
   std::vector<int64_t> counts_;
   std::vector<int64_t> counts2_;
   std::vector<std::shared_ptr<Stream>> streams_;
+  std::vector<AllreducePart> parts_;
 };
 
 }  // namespace mpistrategy

@@ -9,9 +9,12 @@
 //
 //   NEGOTIATE                 Enqueue -> the response is known
 //   QUEUE                     response -> its bucket starts executing
-//   MEMCPY_IN_FUSION_BUFFER   fused allreduces only
+//   MEMCPY_IN_FUSION_BUFFER   fused allreduces through a fusion buffer
 //   ALLREDUCE, ALLGATHER, ... the transport call (GPU: enqueueing the work)
-//   MEMCPY_OUT_FUSION_BUFFER  fused allreduces only
+//   MEMCPY_OUT_FUSION_BUFFER  fused allreduces through a fusion buffer
+//
+// (The shared-memory data plane gathers a fused bucket's tensors itself:
+// its fused allreduces have no MEMCPY spans.)
 //
 // plus "i" (instant) REQUEST events on the coordinator: when each rank's
 // request for the name arrived in a slow cycle.  Complete events (not B/E

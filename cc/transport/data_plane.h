@@ -23,12 +23,21 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "cc/common/common.h"
 #include "cc/common/stream.h"
 
 namespace mpistrategy {
+
+// One tensor of a fused allreduce handed to a plane unpacked: `count`
+// elements read from `in` and written to `out` (`in == out`: in place).
+struct AllreducePart {
+  const void* in;
+  void* out;
+  int64_t count;
+};
 
 class DataPlane {
  public:
@@ -43,6 +52,18 @@ class DataPlane {
   // kMean divides the sum by size() (floating dtypes only).
   virtual Status Allreduce(const void* in, void* out, int64_t count,
                            DataType dtype, ReduceOp op, Stream* stream) = 0;
+  // True when Allreduce copies its data through memory of its own anyway
+  // (shared memory): then the executor hands a fused bucket's tensors to
+  // AllreduceParts as they are, because packing them into a fusion buffer
+  // first would add a copy in and a copy out.
+  virtual bool reduces_parts() const { return false; }
+  // As Allreduce on the parts laid end to end (one dtype).  Only called
+  // when reduces_parts().
+  virtual Status AllreduceParts(const std::vector<AllreducePart>& parts,
+                                DataType dtype, ReduceOp op, Stream* stream) {
+    return Status::Internal(std::string(name()) +
+                            " data plane cannot reduce unpacked parts");
+  }
   // Concatenates every rank's bytes in rank order into `out`;
   // bytes_per_rank[r] is rank r's contribution.
   virtual Status Allgatherv(const void* in, void* out,

@@ -312,7 +312,7 @@ Status ShmPlane::Barrier() {
   return Status::Ok();
 }
 
-void ShmPlane::ReduceParts(const char* const* srcs, char* dst, int64_t count,
+void ShmPlane::ReduceSlots(const char* const* srcs, char* dst, int64_t count,
                            DataType dtype, ReduceOp op) {
   const int64_t esize = DataTypeSize(dtype);
   const int64_t per_block = kBlockBytes / esize;
@@ -330,39 +330,101 @@ void ShmPlane::ReduceParts(const char* const* srcs, char* dst, int64_t count,
   }
 }
 
+namespace {
+
+// Calls fn(part, first element in the part, first element in the range,
+// elements) for every non-empty piece of the range [begin, begin + n) of
+// the parts laid end to end; `starts` holds each part's first element and
+// the total last.
+template <typename Fn>
+void ForEachPiece(const std::vector<int64_t>& starts, int64_t begin,
+                  int64_t n, Fn fn) {
+  const int num_parts = static_cast<int>(starts.size()) - 1;
+  int k = static_cast<int>(
+      std::upper_bound(starts.begin(), starts.end() - 1, begin) -
+      starts.begin() - 1);
+  for (int64_t at = begin; at < begin + n && k < num_parts; ++k) {
+    const int64_t end = std::min(starts[k + 1], begin + n);
+    if (end > at) fn(k, at - starts[k], at - begin, end - at);
+    at = std::max(at, end);
+  }
+}
+
+}  // namespace
+
+void ShmPlane::CopyIn(const AllreducePart* parts, int64_t begin, int64_t n,
+                      int64_t esize, char* to) const {
+  ForEachPiece(starts_, begin, n,
+               [&](int k, int64_t in_part, int64_t in_range, int64_t count) {
+                 std::memcpy(to + in_range * esize,
+                             static_cast<const char*>(parts[k].in) +
+                                 in_part * esize,
+                             count * esize);
+               });
+}
+
+void ShmPlane::CopyOut(const AllreducePart* parts, int64_t begin, int64_t n,
+                       int64_t esize, const char* from) const {
+  ForEachPiece(starts_, begin, n,
+               [&](int k, int64_t in_part, int64_t in_range, int64_t count) {
+                 std::memcpy(static_cast<char*>(parts[k].out) +
+                                 in_part * esize,
+                             from + in_range * esize, count * esize);
+               });
+}
+
 Status ShmPlane::Allreduce(const void* in, void* out, int64_t count,
                            DataType dtype, ReduceOp op, Stream* stream) {
   MPISTRATEGY_RETURN_IF_ERROR(NeedHost(stream));
+  const AllreducePart part = {in, out, count};
+  return RunAllreduce(&part, 1, dtype, op);
+}
+
+Status ShmPlane::AllreduceParts(const std::vector<AllreducePart>& parts,
+                                DataType dtype, ReduceOp op, Stream* stream) {
+  MPISTRATEGY_RETURN_IF_ERROR(NeedHost(stream));
+  return RunAllreduce(parts.data(), static_cast<int>(parts.size()), dtype,
+                     op);
+}
+
+Status ShmPlane::RunAllreduce(const AllreducePart* parts, int num_parts,
+                             DataType dtype, ReduceOp op) {
   MPISTRATEGY_RETURN_IF_ERROR(CheckMean(dtype, op));
   const int64_t esize = DataTypeSize(dtype);
-  const char* src = static_cast<const char*>(in);
-  char* dst = static_cast<char*>(out);
+  starts_.assign(1, 0);
+  for (int k = 0; k < num_parts; ++k) {
+    starts_.push_back(starts_.back() + parts[k].count);
+  }
+  const int64_t count = starts_.back();
   if (size_ == 1) {
-    if (in != out) std::memcpy(out, in, count * esize);
+    for (int k = 0; k < num_parts; ++k) {
+      if (parts[k].in != parts[k].out && parts[k].count > 0) {
+        std::memcpy(parts[k].out, parts[k].in, parts[k].count * esize);
+      }
+    }
     return Status::Ok();
   }
   const int64_t chunk = slot_bytes_ / esize;
-  // Parts start on cache lines, so no two ranks write one line.
+  // Shares start on cache lines, so no two ranks write one line.
   const int64_t align = kLine / esize;
   srcs_.resize(size_);
   for (int64_t done = 0; done < count; done += chunk) {
     const int64_t n = std::min(chunk, count - done);
-    const int64_t part = RoundUp((n + size_ - 1) / size_, align);
-    std::memcpy(Slot(rank_), src + done * esize, n * esize);
+    const int64_t share = RoundUp((n + size_ - 1) / size_, align);
+    CopyIn(parts, done, n, esize, Slot(rank_));
     MPISTRATEGY_RETURN_IF_ERROR(Barrier());
-    const int64_t lo = std::min(n, rank_ * part);
-    const int64_t hi = std::min(n, lo + part);
+    const int64_t lo = std::min(n, rank_ * share);
+    const int64_t hi = std::min(n, lo + share);
     if (hi > lo) {
       for (int q = 0; q < size_; ++q) srcs_[q] = Slot(q) + lo * esize;
-      ReduceParts(srcs_.data(), Slot(rank_) + lo * esize, hi - lo, dtype, op);
+      ReduceSlots(srcs_.data(), Slot(rank_) + lo * esize, hi - lo, dtype, op);
     }
     MPISTRATEGY_RETURN_IF_ERROR(Barrier());
     for (int q = 0; q < size_; ++q) {
-      const int64_t qlo = std::min(n, q * part);
-      const int64_t qhi = std::min(n, qlo + part);
+      const int64_t qlo = std::min(n, q * share);
+      const int64_t qhi = std::min(n, qlo + share);
       if (qhi > qlo) {
-        std::memcpy(dst + (done + qlo) * esize, Slot(q) + qlo * esize,
-                    (qhi - qlo) * esize);
+        CopyOut(parts, done + qlo, qhi - qlo, esize, Slot(q) + qlo * esize);
       }
     }
     NextSet();
@@ -456,7 +518,7 @@ Status ShmPlane::Reducescatter(const void* in, void* out,
       for (int q = 0; q < size_; ++q) {
         srcs_[q] = Slot(q) + rank_ * per * esize;
       }
-      ReduceParts(srcs_.data(), dst + done * esize, n, dtype, op);
+      ReduceSlots(srcs_.data(), dst + done * esize, n, dtype, op);
     }
     NextSet();
   }

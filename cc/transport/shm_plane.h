@@ -103,6 +103,10 @@ class ShmPlane : public DataPlane {
   // any rank waits.
   Status Allreduce(const void* in, void* out, int64_t count, DataType dtype,
                    ReduceOp op, Stream* stream) override;
+  // Copies the parts straight into and out of the segment.
+  bool reduces_parts() const override { return true; }
+  Status AllreduceParts(const std::vector<AllreducePart>& parts,
+                        DataType dtype, ReduceOp op, Stream* stream) override;
   Status Allgatherv(const void* in, void* out,
                     const std::vector<int64_t>& bytes_per_rank,
                     Stream* stream) override;
@@ -125,9 +129,19 @@ class ShmPlane : public DataPlane {
   Status Barrier();
   // Ends a round: the next one uses the other set.
   void NextSet() { set_ ^= 1; }
+  // Allreduce and AllreduceParts: the parts laid end to end.
+  Status RunAllreduce(const AllreducePart* parts, int num_parts,
+                      DataType dtype, ReduceOp op);
+  // Copies elements [begin, begin + n) of the parts laid end to end: out of
+  // their inputs to `to` (CopyIn), or from `from` to their outputs
+  // (CopyOut).  starts_ holds the parts' first elements.
+  void CopyIn(const AllreducePart* parts, int64_t begin, int64_t n,
+              int64_t esize, char* to) const;
+  void CopyOut(const AllreducePart* parts, int64_t begin, int64_t n,
+               int64_t esize, const char* from) const;
   // dst[0, count) = srcs[0] op srcs[1] op ... (size_ sources, rank order),
   // divided by size_ for kMean; dst may be one of the sources.
-  void ReduceParts(const char* const* srcs, char* dst, int64_t count,
+  void ReduceSlots(const char* const* srcs, char* dst, int64_t count,
                    DataType dtype, ReduceOp op);
 
   const int rank_;
@@ -142,6 +156,7 @@ class ShmPlane : public DataPlane {
   int set_ = 0;
   // Reused per call.
   std::vector<const char*> srcs_;
+  std::vector<int64_t> starts_;
   std::vector<char> block_;
 };
 

@@ -174,6 +174,53 @@ void CheckAllreduce(ShmPlane* plane, Stream* stream, int64_t count,
   }
 }
 
+// A fused bucket handed over unpacked: parts of `counts` elements, each in
+// its own (misaligned) buffers, every other one in place; the result must be
+// Allreduce's on the parts laid end to end.
+void CheckAllreduceParts(ShmPlane* plane, Stream* stream,
+                         const std::vector<int64_t>& counts,
+                         const char* label) {
+  const int n = plane->size();
+  const int r = plane->rank();
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  for (DataType dtype : kDtypes) {
+    const int64_t esize = DataTypeSize(dtype);
+    for (ReduceOp op : kOps) {
+      if (op == ReduceOp::kMean && !IsFloatingDataType(dtype)) continue;
+      const int64_t seed = total + static_cast<int64_t>(op) * 5 +
+                           static_cast<int64_t>(dtype);
+      const std::vector<char> want = Expected(dtype, op, n, seed, total);
+      std::vector<char> mine(total * esize + 1);
+      Fill(dtype, r, seed, mine.data(), total);
+      std::vector<std::vector<char>> ins(counts.size());
+      std::vector<std::vector<char>> outs(counts.size());
+      std::vector<AllreducePart> parts;
+      int64_t first = 0;
+      for (size_t k = 0; k < counts.size(); ++k) {
+        ins[k].resize((counts[k] + 2) * esize);
+        outs[k].resize((counts[k] + 2) * esize);
+        char* in = ins[k].data() + (k % 2 + 1) * esize;
+        char* out = k % 2 == 0 ? in : outs[k].data() + esize;
+        std::memcpy(in, mine.data() + first * esize, counts[k] * esize);
+        parts.push_back({in, out, counts[k]});
+        first += counts[k];
+      }
+      CHECK_OK(plane->AllreduceParts(parts, dtype, op, stream));
+      first = 0;
+      for (size_t k = 0; k < counts.size(); ++k) {
+        const int64_t bad =
+            FirstMismatch(dtype, static_cast<const char*>(parts[k].out),
+                          want.data() + first * esize, counts[k]);
+        CHECK_TRUE(bad < 0, "%s allreduce parts %s %s part %zu: element %lld",
+                   label, DataTypeName(dtype), ReduceOpName(op), k,
+                   static_cast<long long>(bad));
+        first += counts[k];
+      }
+    }
+  }
+}
+
 void CheckAllgatherv(ShmPlane* plane, Stream* stream, int64_t base) {
   const int n = plane->size();
   const int r = plane->rank();
@@ -354,6 +401,12 @@ int Main(int argc, char** argv) {
     for (int64_t count : {int64_t{3} * slot / 8 + 17, int64_t{2} * slot + 3}) {
       CheckAllreduce(small.get(), &stream, count, "small");
     }
+    // Parts smaller than a share, empty ones, and parts that span rounds.
+    CheckAllreduceParts(plane.get(), &stream, {3, 0, 1, 1031, 0, 17},
+                        "8M");
+    CheckAllreduceParts(small.get(), &stream,
+                        {1, slot / 3 + 5, 0, 2 * slot + 9, 7, slot - 1},
+                        "small");
     for (int64_t base : {int64_t{0}, int64_t{5}, 2 * slot + 7}) {
       CheckAllgatherv(small.get(), &stream, base);
       CheckAllgatherv(plane.get(), &stream, base);
