@@ -140,9 +140,10 @@ class ShmPlane : public DataPlane {
   void CopyOut(const AllreducePart* parts, int64_t begin, int64_t n,
                int64_t esize, const char* from) const;
   // dst[0, count) = srcs[0] op srcs[1] op ... (size_ sources, rank order),
-  // divided by size_ for kMean; dst may be one of the sources.
+  // divided by size_ for kMean, and the same into also_to unless null; dst
+  // and also_to may each be one of the sources.
   void ReduceSlots(const char* const* srcs, char* dst, int64_t count,
-                   DataType dtype, ReduceOp op);
+                   DataType dtype, ReduceOp op, char* also_to = nullptr);
 
   const int rank_;
   const int size_;
