@@ -515,11 +515,28 @@ Status MpiTransport::Reducescatter(const void* in, void* out,
     total += counts[r];
     counts_[r] = static_cast<int>(std::min<int64_t>(counts[r], INT_MAX));
   }
-  // Every rank sees the same counts, so every rank rejects together.
-  MPISTRATEGY_RETURN_IF_ERROR(CheckIntRange(total, "reducescatter count"));
   MPI_Datatype type;
   MPI_Op mpi_op;
   Map(dtype, op, &type, &mpi_op);
+  if (total > INT_MAX) {
+    // MPI_Reduce_scatter's total is an int inside Open MPI; reduce each
+    // rank's block to that rank instead, in pieces an int can count.  Every
+    // rank sees the same counts, so every rank takes this path.
+    const int64_t esize = DataTypeSize(dtype);
+    const char* block = static_cast<const char*>(in);
+    for (int r = 0; r < size_; ++r) {
+      for (int64_t done = 0; done < counts[r]; done += kMaxChunk) {
+        const int n = static_cast<int>(std::min(kMaxChunk, counts[r] - done));
+        void* to = r == rank_ ? static_cast<char*>(out) + done * esize
+                              : nullptr;
+        MPISTRATEGY_MPI_CHECK(
+            MPI_Reduce(block + done * esize, to, n, type, mpi_op, r, comm_),
+            "MPI_Reduce");
+      }
+      block += counts[r] * esize;
+    }
+    return Status::Ok();
+  }
   MPISTRATEGY_MPI_CHECK(MPI_Reduce_scatter(in, out,
                                            counts_.data(), type, mpi_op,
                                            comm_),

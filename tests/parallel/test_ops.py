@@ -480,6 +480,60 @@ def test_alltoall_python_list_splits():
   np.testing.assert_array_equal(received.numpy(), splits)
 
 
+# -------------------------------------------------- counts above int32
+
+# 2**31 + 1031 one-byte elements: more than a C int (an MPI count) holds, so
+# every layer must split or widen its counts.  Each rank's input is one
+# value, so a part skipped or reduced twice changes the result's minimum or
+# maximum.  About 5 GiB per rank: broadcast and allgather run at np 2 only,
+# to bound the CI machine's time and memory.
+HUGE = 2**31 + 1031
+only_two_ranks = pytest.mark.skipif(
+    SIZE != 2, reason="multi-GiB buffers on every rank: np 2 only")
+
+
+def assert_all_equal(t, value):
+  assert (int(tf.reduce_min(t)), int(tf.reduce_max(t))) == (value, value)
+
+
+@needs_peers
+def test_allreduce_count_above_int32_range():
+  if SIZE > 2 and mpistrategy.current_options().data_plane == "mpi":
+    pytest.skip("the MPI plane's huge allreduce runs at np 2 (35 s at np 3)")
+  y = ops.allreduce(tf.fill([HUGE], tf.constant(RANK + 1, tf.uint8)),
+                    name="huge/allreduce")
+  assert y.shape == (HUGE,)
+  assert_all_equal(y, int(S) % 256)
+
+
+@only_two_ranks
+def test_broadcast_count_above_int32_range():
+  y = ops.broadcast(tf.fill([HUGE], tf.constant(RANK + 5, tf.uint8)),
+                    root_rank=1, name="huge/broadcast")
+  assert y.shape == (HUGE,)
+  assert_all_equal(y, 6)
+
+
+@only_two_ranks
+def test_allgather_output_above_int32_range():
+  rows = HUGE // 2 + 7 * (RANK + 1)  # uneven
+  y = ops.allgather(tf.fill([rows], tf.constant(RANK + 1, tf.uint8)),
+                    name="huge/allgather")
+  first = HUGE // 2 + 7
+  assert y.shape == (first + HUGE // 2 + 14,)
+  assert_all_equal(y[:first], 1)
+  assert_all_equal(y[first:], 2)
+
+
+@needs_peers
+def test_reducescatter_input_above_int32_range():
+  y = ops.reducescatter(tf.fill([HUGE], tf.constant(RANK + 1, tf.uint8)),
+                        name="huge/reducescatter")
+  begin, end = scatter_rows(HUGE)
+  assert y.shape == (end - begin,)
+  assert_all_equal(y, int(S) % 256)
+
+
 # ------------------------------------------------------------------ barrier
 
 
