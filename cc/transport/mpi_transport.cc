@@ -22,6 +22,10 @@ namespace {
 
 // Largest element count passed to one MPI call (MPI counts are int).
 constexpr int64_t kMaxChunk = INT_MAX;
+// Tag of the point-to-point alltoall (blocks above INT_MAX bytes).  Pieces
+// between two ranks match in order, and the engine runs one collective at
+// a time on this communicator.
+constexpr int kAlltoallTag = 7301;
 
 // Tag of notices on notice_comm_ (the only tag used there).
 constexpr int kNoticeTag = 7;
@@ -552,12 +556,13 @@ Status MpiTransport::Alltoallv(const void* in,
       rdispls(size_);
   int64_t stotal = 0;
   int64_t rtotal = 0;
-  Status range;
+  bool fits = true;
   for (int r = 0; r < size_; ++r) {
-    if (range.ok()) range = CheckIntRange(send_bytes[r], "alltoall block");
-    if (range.ok()) range = CheckIntRange(recv_bytes[r], "alltoall block");
-    if (range.ok()) range = CheckIntRange(stotal, "alltoall offset");
-    if (range.ok()) range = CheckIntRange(rtotal, "alltoall offset");
+    // MPI_Alltoallv counts and displacements are ints.
+    if (send_bytes[r] > INT_MAX || recv_bytes[r] > INT_MAX ||
+        stotal > INT_MAX || rtotal > INT_MAX) {
+      fits = false;
+    }
     scounts[r] = static_cast<int>(std::min<int64_t>(send_bytes[r], INT_MAX));
     rcounts[r] = static_cast<int>(std::min<int64_t>(recv_bytes[r], INT_MAX));
     sdispls[r] = static_cast<int>(std::min<int64_t>(stotal, INT_MAX));
@@ -565,21 +570,46 @@ Status MpiTransport::Alltoallv(const void* in,
     stotal += send_bytes[r];
     rtotal += recv_bytes[r];
   }
-  // A local range error would strand the peers; fail the collective on
-  // every rank by agreeing first.
-  int ok = range.ok() ? 1 : 0;
+  // Whether every rank's blocks fit differs between ranks; all must take
+  // the same path.
+  int all_fit = fits ? 1 : 0;
   MPISTRATEGY_MPI_CHECK(
-      MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_LAND, comm_),
+      MPI_Allreduce(MPI_IN_PLACE, &all_fit, 1, MPI_INT, MPI_LAND, comm_),
       "MPI_Allreduce(LAND)");
-  if (!range.ok()) return range;
-  if (!ok) {
-    return Status::InvalidArgument(
-        "MpiTransport: alltoall block too large on another rank");
+  if (all_fit) {
+    MPISTRATEGY_MPI_CHECK(
+        MPI_Alltoallv(in, scounts.data(), sdispls.data(), MPI_BYTE, out,
+                      rcounts.data(), rdispls.data(), MPI_BYTE, comm_),
+        "MPI_Alltoallv");
+    return Status::Ok();
   }
-  MPISTRATEGY_MPI_CHECK(
-      MPI_Alltoallv(in, scounts.data(), sdispls.data(), MPI_BYTE, out,
-                    rcounts.data(), rdispls.data(), MPI_BYTE, comm_),
-      "MPI_Alltoallv");
+  // Point to point, in pieces an int can count, with 64-bit offsets.
+  std::vector<MPI_Request> requests;
+  const char* send = static_cast<const char*>(in);
+  char* recv = static_cast<char*>(out);
+  for (int r = 0; r < size_; ++r) {
+    for (int64_t done = 0; done < recv_bytes[r]; done += kMaxChunk) {
+      const int n = static_cast<int>(std::min(kMaxChunk, recv_bytes[r] - done));
+      requests.emplace_back();
+      MPISTRATEGY_MPI_CHECK(MPI_Irecv(recv + done, n, MPI_BYTE, r,
+                                      kAlltoallTag, comm_, &requests.back()),
+                            "MPI_Irecv");
+    }
+    recv += recv_bytes[r];
+  }
+  for (int r = 0; r < size_; ++r) {
+    for (int64_t done = 0; done < send_bytes[r]; done += kMaxChunk) {
+      const int n = static_cast<int>(std::min(kMaxChunk, send_bytes[r] - done));
+      requests.emplace_back();
+      MPISTRATEGY_MPI_CHECK(MPI_Isend(send + done, n, MPI_BYTE, r,
+                                      kAlltoallTag, comm_, &requests.back()),
+                            "MPI_Isend");
+    }
+    send += send_bytes[r];
+  }
+  for (MPI_Request& request : requests) {
+    MPISTRATEGY_RETURN_IF_ERROR(WaitPolitely(&request, "alltoall piece"));
+  }
   return Status::Ok();
 }
 

@@ -534,6 +534,23 @@ def test_reducescatter_input_above_int32_range():
   assert_all_equal(y, int(S) % 256)
 
 
+
+@only_two_ranks
+def test_alltoall_block_above_int32_range():
+  # Each rank keeps 8 rows and sends the rest, more than 2**31 bytes, to the
+  # other rank.
+  def splits(src):
+    return [8 if dst == src else HUGE - 8 for dst in range(SIZE)]
+  y, received = ops.alltoall(
+      tf.fill([HUGE], tf.constant(RANK + 1, tf.uint8)), splits=splits(RANK),
+      name="huge/alltoall")
+  from_0 = splits(0)[RANK]
+  np.testing.assert_array_equal(received.numpy(),
+                                [splits(src)[RANK] for src in range(SIZE)])
+  assert y.shape == (HUGE,)
+  assert_all_equal(y[:from_0], 1)
+  assert_all_equal(y[from_0:], 2)
+
 # ------------------------------------------------------------------ barrier
 
 
