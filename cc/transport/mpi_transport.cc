@@ -22,6 +22,17 @@ namespace {
 
 // Largest element count passed to one MPI call (MPI counts are int).
 constexpr int64_t kMaxChunk = INT_MAX;
+
+// Calls fn(first, n) for [0, count) in consecutive pieces of n elements
+// that one MPI call can count; returns fn's first error.
+template <typename Fn>
+Status ForEachIntPiece(int64_t count, Fn fn) {
+  for (int64_t first = 0; first < count; first += kMaxChunk) {
+    MPISTRATEGY_RETURN_IF_ERROR(
+        fn(first, static_cast<int>(std::min(kMaxChunk, count - first))));
+  }
+  return Status::Ok();
+}
 // Tag of the point-to-point alltoall (blocks above INT_MAX bytes).  Pieces
 // between two ranks match in order, and the engine runs one collective at
 // a time on this communicator.
@@ -342,14 +353,13 @@ Status MpiTransport::WaitPolitely(MPI_Request* request, const char* what) {
 Status MpiTransport::BroadcastPolled(void* buffer, int64_t bytes,
                                      int root_rank) {
   char* p = static_cast<char*>(buffer);
-  for (int64_t done = 0; done < bytes; done += kMaxChunk) {
-    const int n = static_cast<int>(std::min(kMaxChunk, bytes - done));
+  return ForEachIntPiece(bytes, [&](int64_t done, int n) -> Status {
     MPI_Request request;
     MPISTRATEGY_MPI_CHECK(
         MPI_Ibcast(p + done, n, MPI_BYTE, root_rank, comm_, &request),
         "MPI_Ibcast");
-    MPISTRATEGY_RETURN_IF_ERROR(WaitPolitely(&request, "MPI_Ibcast"));
-  }
+    return WaitPolitely(&request, "MPI_Ibcast");
+  });
   return Status::Ok();
 }
 
@@ -458,15 +468,14 @@ Status MpiTransport::Allreduce(const void* in, void* out, int64_t count,
   MPI_Op mpi_op;
   Map(dtype, op, &type, &mpi_op);
   const int64_t esize = DataTypeSize(dtype);
-  for (int64_t done = 0; done < count; done += kMaxChunk) {
-    const int n = static_cast<int>(std::min(kMaxChunk, count - done));
+  return ForEachIntPiece(count, [&](int64_t done, int n) -> Status {
     char* dst = static_cast<char*>(out) + done * esize;
     const void* src = in == out ? MPI_IN_PLACE
                                 : static_cast<const char*>(in) + done * esize;
     MPISTRATEGY_MPI_CHECK(MPI_Allreduce(src, dst, n, type, mpi_op, comm_),
                           "MPI_Allreduce");
-  }
-  return Status::Ok();
+    return Status::Ok();
+  });
 }
 
 Status MpiTransport::Allgatherv(const void* in, void* out,
@@ -502,12 +511,11 @@ Status MpiTransport::Allgatherv(const void* in, void* out,
 
 Status MpiTransport::Broadcast(void* buffer, int64_t bytes, int root_rank) {
   char* p = static_cast<char*>(buffer);
-  for (int64_t done = 0; done < bytes; done += kMaxChunk) {
-    const int n = static_cast<int>(std::min(kMaxChunk, bytes - done));
+  return ForEachIntPiece(bytes, [&](int64_t done, int n) -> Status {
     MPISTRATEGY_MPI_CHECK(MPI_Bcast(p + done, n, MPI_BYTE, root_rank, comm_),
                           "MPI_Bcast");
-  }
-  return Status::Ok();
+    return Status::Ok();
+  });
 }
 
 Status MpiTransport::Reducescatter(const void* in, void* out,
@@ -529,14 +537,15 @@ Status MpiTransport::Reducescatter(const void* in, void* out,
     const int64_t esize = DataTypeSize(dtype);
     const char* block = static_cast<const char*>(in);
     for (int r = 0; r < size_; ++r) {
-      for (int64_t done = 0; done < counts[r]; done += kMaxChunk) {
-        const int n = static_cast<int>(std::min(kMaxChunk, counts[r] - done));
-        void* to = r == rank_ ? static_cast<char*>(out) + done * esize
-                              : nullptr;
-        MPISTRATEGY_MPI_CHECK(
-            MPI_Reduce(block + done * esize, to, n, type, mpi_op, r, comm_),
-            "MPI_Reduce");
-      }
+      MPISTRATEGY_RETURN_IF_ERROR(
+          ForEachIntPiece(counts[r], [&](int64_t done, int n) -> Status {
+            void* to = r == rank_ ? static_cast<char*>(out) + done * esize
+                                  : nullptr;
+            MPISTRATEGY_MPI_CHECK(MPI_Reduce(block + done * esize, to, n,
+                                             type, mpi_op, r, comm_),
+                                  "MPI_Reduce");
+            return Status::Ok();
+          }));
       block += counts[r] * esize;
     }
     return Status::Ok();
@@ -583,28 +592,31 @@ Status MpiTransport::Alltoallv(const void* in,
         "MPI_Alltoallv");
     return Status::Ok();
   }
-  // Point to point, in pieces an int can count, with 64-bit offsets.
+  // Point to point, in pieces an int can count, with 64-bit offsets; every
+  // request is posted before any is waited for.
   std::vector<MPI_Request> requests;
   const char* send = static_cast<const char*>(in);
   char* recv = static_cast<char*>(out);
   for (int r = 0; r < size_; ++r) {
-    for (int64_t done = 0; done < recv_bytes[r]; done += kMaxChunk) {
-      const int n = static_cast<int>(std::min(kMaxChunk, recv_bytes[r] - done));
-      requests.emplace_back();
-      MPISTRATEGY_MPI_CHECK(MPI_Irecv(recv + done, n, MPI_BYTE, r,
-                                      kAlltoallTag, comm_, &requests.back()),
-                            "MPI_Irecv");
-    }
+    MPISTRATEGY_RETURN_IF_ERROR(
+        ForEachIntPiece(recv_bytes[r], [&](int64_t done, int n) -> Status {
+          requests.emplace_back();
+          MPISTRATEGY_MPI_CHECK(MPI_Irecv(recv + done, n, MPI_BYTE, r,
+                                          kAlltoallTag, comm_,
+                                          &requests.back()),
+                                "MPI_Irecv");
+          return Status::Ok();
+        }));
+    MPISTRATEGY_RETURN_IF_ERROR(
+        ForEachIntPiece(send_bytes[r], [&](int64_t done, int n) -> Status {
+          requests.emplace_back();
+          MPISTRATEGY_MPI_CHECK(MPI_Isend(send + done, n, MPI_BYTE, r,
+                                          kAlltoallTag, comm_,
+                                          &requests.back()),
+                                "MPI_Isend");
+          return Status::Ok();
+        }));
     recv += recv_bytes[r];
-  }
-  for (int r = 0; r < size_; ++r) {
-    for (int64_t done = 0; done < send_bytes[r]; done += kMaxChunk) {
-      const int n = static_cast<int>(std::min(kMaxChunk, send_bytes[r] - done));
-      requests.emplace_back();
-      MPISTRATEGY_MPI_CHECK(MPI_Isend(send + done, n, MPI_BYTE, r,
-                                      kAlltoallTag, comm_, &requests.back()),
-                            "MPI_Isend");
-    }
     send += send_bytes[r];
   }
   for (MPI_Request& request : requests) {
