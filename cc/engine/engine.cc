@@ -45,6 +45,19 @@ namespace {
 // calls the embedding's PeerTimeoutHandler.
 constexpr double kPeerTimeoutGraceSeconds = 1.0;
 
+// The engine whose cycle this thread is running, if any: a `done` that TF
+// continues on the same thread may enqueue again, and that enqueue must not
+// start a cycle inside the cycle.
+thread_local const void* cycle_owner_on_this_thread = nullptr;
+
+// An op's thread that starts a cycle (TryCycleOnThisThread) waits this long
+// for its peers before it hands the cycle to the engine thread, and runs
+// the collectives itself only up to this many bytes: it is one of
+// TensorFlow's few inter-op threads, which must not sit out a late peer or
+// a large copy.
+constexpr double kOpThreadPatienceSeconds = 50e-6;
+constexpr int64_t kOpThreadMaxBytes = 64 * 1024;
+
 struct PendingEntry {
   TensorEntry entry;
   Request request;
@@ -379,8 +392,31 @@ class Engine::Impl {
   using PendingIter = std::list<PendingEntry>::iterator;
 
   void Loop();
-  // One negotiation cycle; false when the loop must stop.
-  bool RunCycle();
+  // The engine thread's wait while this rank has nothing in flight: until
+  // something is enqueued, a cycle elsewhere left work pending, a shutdown
+  // is asked for, or cycle_time_ms passed.  False once cycles have ended.
+  bool WaitForWork();
+  // One negotiation cycle, or what is left of one; false when the loop must
+  // stop.  The caller holds cycle_mu_ and cycling_ is true.  On an op's
+  // thread it stops early, leaving stage_ for the engine thread, when the
+  // peers are late (kOpThreadPatienceSeconds) or when the cycle is not a
+  // fast one of at most kOpThreadMaxBytes.
+  bool RunCycle(bool on_op_thread);
+  // Drains incoming_, sets this rank's bits and starts the BitwiseAnd.
+  bool BeginCycle();
+  // After the AND: whether the cycle is a fast one of allreduces small
+  // enough for an op's thread.
+  bool SmallFastCycle() const;
+  // After the AND: the slow or the fast path, and the collectives.
+  bool EndCycle();
+  // RunCycle by whoever holds cycle_mu_ (the engine thread or an op's
+  // thread); ends the cycles for good when it returns false.
+  bool RunCycleLocked(bool on_op_thread);
+  // On the thread that just enqueued: runs one cycle here if no cycle is
+  // running, so that a small collective whose peers are ready completes
+  // without waking the engine thread and without `done` crossing threads.
+  // False when it did not (the engine thread must be woken instead).
+  bool TryCycleOnThisThread();
   bool SlowPath(bool want_shutdown, const std::string& shutdown_reason);
   // Runs the cycle's responses (errors, then fused buckets in plan order).
   bool ExecuteResponses(const std::vector<const Response*>& responses);
@@ -448,7 +484,27 @@ class Engine::Impl {
   const PeerTimeoutHandler on_peer_timeout_;
   std::thread monitor_thread_;
 
-  // ---- engine thread only ------------------------------------------------
+  // After an op's thread ran a cycle: whether work is left for the engine
+  // thread, and whether that cycle ended the cycles.
+  bool work_left_ = false;
+  bool cycles_ended_ = false;
+  std::chrono::steady_clock::time_point last_cycle_end_;
+  // A GPU entry was ever enqueued: cycles stay on the engine thread, whose
+  // device and streams the GPU path sets up.
+  std::atomic<bool> saw_device_entry_{false};
+
+  // ---- cycle state: whoever holds cycle_mu_ --------------------------------
+  // Cycles run one at a time, in order, on every rank; usually on the engine
+  // thread, and on an op's thread when it finds no cycle running
+  // (TryCycleOnThisThread).  Everything below is that cycle's state.
+  std::mutex cycle_mu_;
+  bool cycling_ = false;  // from a good start until a cycle returns false
+  // Where the current cycle is: an op's thread may leave it after starting
+  // the AND, or after the AND, for the engine thread to finish.
+  enum class CycleStage { kIdle, kAndStarted, kAndDone };
+  CycleStage stage_ = CycleStage::kIdle;
+  bool cycle_want_shutdown_ = false;
+  std::string cycle_shutdown_reason_;
   std::list<PendingEntry> pending_;
   std::unordered_map<std::string, PendingIter> by_name_;
   ResponseCache cache_;
@@ -587,6 +643,7 @@ Status Engine::Impl::EnqueueGroup(std::vector<TensorEntry> entries) {
     if (!status[i].ok()) continue;
     prepared[i].request = MakeRequest(entries[i], rank_, size_);
     prepared[i].enqueued_seconds = clock_();
+    if (entries[i].device != kCpuDevice) saw_device_entry_ = true;
   }
   bool queued_any = false;
   {
@@ -602,7 +659,7 @@ Status Engine::Impl::EnqueueGroup(std::vector<TensorEntry> entries) {
       queued_any = true;
     }
   }
-  if (queued_any) wake_cv_.notify_one();
+  if (queued_any && !TryCycleOnThisThread()) wake_cv_.notify_one();
   Status first_error;
   for (size_t i = 0; i < n; ++i) {
     if (status[i].ok()) continue;
@@ -647,6 +704,9 @@ Status Engine::Impl::StickyStatusFor(const std::string& name) const {
 }
 
 void Engine::Impl::Loop() {
+  // Enqueues from `done` callbacks that TF continues on this thread only
+  // wake it; they never start a cycle of their own here.
+  cycle_owner_on_this_thread = this;
   std::vector<PeerInfo> peers;
   const Status startup = AgreeOnStartup(transport_.get(), Status::Ok(),
                                         config_.cache_capacity, &peers);
@@ -672,11 +732,21 @@ void Engine::Impl::Loop() {
                 : StatusCode::kUnavailable,
             "failed because " + plane.message());
     } else {
-      while (RunCycle()) {
+      {
+        std::lock_guard<std::mutex> cycle(cycle_mu_);
+        cycling_ = true;
+      }
+      bool go_on = true;
+      while (go_on && WaitForWork()) {
+        std::lock_guard<std::mutex> cycle(cycle_mu_);
+        go_on = cycling_ && RunCycleLocked(/*on_op_thread=*/false);
       }
     }
   }
   // Stopped: fail everything still pending or queued with the sticky error.
+  // cycle_mu_ keeps out a cycle that an op's thread might try to start.
+  std::lock_guard<std::mutex> cycle(cycle_mu_);
+  cycling_ = false;
   std::vector<PendingEntry> late;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -703,21 +773,89 @@ void Engine::Impl::Loop() {
   StopMonitor();
 }
 
-bool Engine::Impl::RunCycle() {
+bool Engine::Impl::WaitForWork() {
+  std::unique_lock<std::mutex> lock(mu_);
+  // Sleep only when this rank has nothing in flight.  With pending entries
+  // the other ranks are about to submit theirs (or are slow), and we must
+  // be in the next cycle's rendezvous when they do: sleeping here would add
+  // up to cycle_time_ms to every collective whose ranks arrive a little
+  // apart.  The transport's rendezvous waits without spinning.  Idle, a
+  // rank still cycles every cycle_time_ms (counted from its last cycle,
+  // wherever that ran), so that peers waiting in a cycle hear from it.
+  const auto period = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
+  while (incoming_.empty() && !work_left_ && !shutdown_requested_ &&
+         !cycles_ended_) {
+    const auto deadline = last_cycle_end_ + period;
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    wake_cv_.wait_until(lock, deadline);
+  }
+  return !cycles_ended_;
+}
+
+bool Engine::Impl::RunCycleLocked(bool on_op_thread) {
+  const void* outer = cycle_owner_on_this_thread;
+  cycle_owner_on_this_thread = this;
+  const bool go_on = RunCycle(on_op_thread);
+  cycle_owner_on_this_thread = outer;
+  if (!go_on) cycling_ = false;
+  std::lock_guard<std::mutex> lock(mu_);
+  work_left_ = !pending_.empty() || stage_ != CycleStage::kIdle;
+  last_cycle_end_ = std::chrono::steady_clock::now();
+  if (!go_on) cycles_ended_ = true;
+  return go_on;
+}
+
+bool Engine::Impl::TryCycleOnThisThread() {
+  // Not inside a cycle (a `done` continued on this thread), not for GPU
+  // work, not while fusion_wait_ms asks the engine thread to wait, and only
+  // where the rendezvous can be handed over.
+  if (cycle_owner_on_this_thread != nullptr ||
+      saw_device_entry_.load(std::memory_order_relaxed) ||
+      !transport_->SplitsBitwiseAnd()) {
+    return false;
+  }
+  std::unique_lock<std::mutex> cycle(cycle_mu_, std::try_to_lock);
+  if (!cycle.owns_lock() || !cycling_ || stage_ != CycleStage::kIdle ||
+      parameters_.fusion_wait_ms > 0) {
+    return false;
+  }
+  RunCycleLocked(/*on_op_thread=*/true);
+  cycle.unlock();
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    wake = work_left_ || cycles_ended_ || !incoming_.empty() ||
+           shutdown_requested_;
+  }
+  if (wake) wake_cv_.notify_one();
+  return true;
+}
+
+bool Engine::Impl::RunCycle(bool on_op_thread) {
+  if (stage_ == CycleStage::kIdle && !BeginCycle()) return false;
+  if (stage_ == CycleStage::kAndStarted) {
+    bool done = false;
+    const Status s = transport_->FinishBitwiseAnd(
+        on_op_thread ? kOpThreadPatienceSeconds : -1.0, &done);
+    if (!s.ok()) {
+      stage_ = CycleStage::kIdle;
+      return TransportFailed("negotiation (BitwiseAnd)", s);
+    }
+    if (!done) return true;  // late peers: the engine thread finishes it
+    stage_ = CycleStage::kAndDone;
+    ++cycles_;
+  }
+  if (on_op_thread && !SmallFastCycle()) return true;
+  stage_ = CycleStage::kIdle;
+  return EndCycle();
+}
+
+bool Engine::Impl::BeginCycle() {
   bool want_shutdown = false;
   std::string shutdown_reason;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    // Sleep only when this rank has nothing in flight.  With pending entries
-    // the other ranks are about to submit theirs (or are slow), and we must
-    // be in the next cycle's rendezvous when they do: sleeping here would add
-    // up to cycle_time_ms to every collective whose ranks arrive a little
-    // apart.  The transport's rendezvous waits without spinning.
-    if (incoming_.empty() && pending_.empty() && !shutdown_requested_) {
-      wake_cv_.wait_for(
-          lock, std::chrono::duration<double, std::milli>(config_.cycle_time_ms),
-          [this] { return !incoming_.empty() || shutdown_requested_; });
-    }
     if (parameters_.fusion_wait_ms > 0 && pending_.empty() &&
         !incoming_.empty() && !shutdown_requested_) {
       WaitForMoreTensors(&lock);
@@ -734,6 +872,8 @@ bool Engine::Impl::RunCycle() {
   if (peer_timeout_.load()) {
     return TransportFailed("negotiation", Status::Ok());
   }
+  cycle_want_shutdown_ = want_shutdown;
+  cycle_shutdown_reason_ = std::move(shutdown_reason);
 
   // Step 1: flags and cache bits.
   const double now = clock_();
@@ -761,11 +901,39 @@ bool Engine::Impl::RunCycle() {
   if (want_shutdown) flags &= ~kFlagNoShutdown;
   if (publish_pending_) flags &= ~kFlagNoParameterChange;
   bits_[0] = flags;
-  Status s = transport_->BitwiseAnd(&bits_);
+  if (transport_->SplitsBitwiseAnd()) {
+    const Status s = transport_->StartBitwiseAnd(&bits_);
+    if (!s.ok()) return TransportFailed("negotiation (BitwiseAnd)", s);
+    stage_ = CycleStage::kAndStarted;
+    return true;
+  }
+  const Status s = transport_->BitwiseAnd(&bits_);
   if (!s.ok()) return TransportFailed("negotiation (BitwiseAnd)", s);
+  stage_ = CycleStage::kAndDone;
   ++cycles_;
+  return true;
+}
+
+bool Engine::Impl::SmallFastCycle() const {
+  if (bits_[0] != kAllFlagsClear) return false;
+  int64_t bytes = 0;
+  for (size_t w = 1; w < bits_.size(); ++w) {
+    uint64_t word = bits_[w];
+    while (word != 0) {
+      const int b = __builtin_ctzll(word);
+      word &= word - 1;
+      const Response& r = cache_.Get(static_cast<int>((w - 1) * 64 + b));
+      if (r.type != ResponseType::kAllreduce) return false;
+      bytes += AllreduceBytes(r);
+      if (bytes > kOpThreadMaxBytes) return false;
+    }
+  }
+  return true;
+}
+
+bool Engine::Impl::EndCycle() {
   if (bits_[0] != kAllFlagsClear) {
-    return SlowPath(want_shutdown, shutdown_reason);
+    return SlowPath(cycle_want_shutdown_, cycle_shutdown_reason_);
   }
 
   // Step 2: fast path.

@@ -5,11 +5,21 @@
 //
 // Every rank prints "rank R: PASS" (exit 0) or the failures (exit 1).
 
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cc/engine/engine.h"
@@ -243,6 +253,181 @@ void CheckEngine(int round) {
   engine.reset();  // shutdown cycle with every rank
 }
 
+// The state letter of /proc/<pid>/stat ('T': stopped), or '?'.
+char ProcessState(int pid) {
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (f == nullptr) return '?';
+  char line[512] = {0};
+  const size_t got = std::fread(line, 1, sizeof(line) - 1, f);
+  std::fclose(f);
+  const char* paren = std::strrchr(line, ')');
+  return got > 0 && paren != nullptr && paren[1] == ' ' ? paren[2] : '?';
+}
+
+// Where an allreduce completed: on the thread that enqueued it, before
+// Enqueue returned, or on another thread, and then on which.
+struct Completion {
+  std::promise<Status> promise;
+  std::thread::id thread;
+  char thread_name[16] = {0};
+  std::atomic<bool> enqueue_returned{false};
+  bool before_enqueue_returned = false;
+};
+
+// Enqueues a float32 SUM allreduce of `count` elements of `value`; waits for
+// it and checks the sum.  Returns how it completed.
+std::unique_ptr<Completion> AllreduceOnce(Engine* engine,
+                                          const std::string& name,
+                                          int64_t count, double* enqueue_ms) {
+  const int n = engine->size();
+  std::vector<float> in(count, static_cast<float>(engine->rank() + 1));
+  std::vector<float> out(count, -1.0f);
+  auto c = std::make_unique<Completion>();
+  Completion* raw = c.get();
+  TensorEntry e;
+  e.name = name;
+  e.dtype = DataType::kFloat32;
+  e.shape = {count};
+  e.input = in.data();
+  e.output = out.data();
+  e.done = [raw](const Status& s) {
+    raw->thread = std::this_thread::get_id();
+    pthread_getname_np(pthread_self(), raw->thread_name,
+                       sizeof(raw->thread_name));
+    raw->before_enqueue_returned = !raw->enqueue_returned.load();
+    raw->promise.set_value(s);
+  };
+  std::future<Status> f = c->promise.get_future();
+  const auto start = std::chrono::steady_clock::now();
+  engine->Enqueue(std::move(e));
+  c->enqueue_returned = true;
+  if (enqueue_ms != nullptr) {
+    *enqueue_ms = std::chrono::duration<double, std::milli>(
+                      std::chrono::steady_clock::now() - start)
+                      .count();
+  }
+  CHECK_OK(f.get());
+  const float want = static_cast<float>(n * (n + 1) / 2);
+  CHECK_TRUE(out[0] == want && out[count - 1] == want, "%s got %g want %g",
+             name.c_str(), out[0], want);
+  return c;
+}
+
+// Small cached allreduces whose peers are ready complete on the thread
+// that enqueued them; a late peer or a large allreduce leaves the work to
+// the engine thread, and Enqueue does not wait for the late peer.
+void CheckCyclesOnTheEnqueuingThread() {
+  std::unique_ptr<Transport> transport;
+  CHECK_OK(MpiTransport::Create(MPI_COMM_WORLD, &transport));
+  if (!transport) return;
+  std::unique_ptr<Engine> engine;
+  CHECK_OK(Engine::Create(EngineConfig(), std::move(transport), &engine));
+  if (!engine) return;
+  const int r = engine->rank();
+  const auto me = std::this_thread::get_id();
+
+  // Small, peers ready (a barrier before each): at least some complete here.
+  AllreduceOnce(engine.get(), "small", 16, nullptr);  // first: slow path
+  int here = 0;
+  const int kRounds = 200;
+  for (int i = 0; i < kRounds; ++i) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    auto c = AllreduceOnce(engine.get(), "small", 16, nullptr);
+    if (c->thread == me) {
+      ++here;
+      CHECK_TRUE(c->before_enqueue_returned,
+                 "done ran on the enqueuing thread after Enqueue returned");
+    } else {
+      CHECK_TRUE(std::strcmp(c->thread_name, "mpistrategy") == 0,
+                 "done ran on thread \"%s\"", c->thread_name);
+    }
+  }
+  // Which rank gets to run a cycle itself depends on which of them waits in
+  // the rendezvous first, so the count is over every rank.
+  int everywhere = 0;
+  MPI_Allreduce(&here, &everywhere, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  std::printf("rank %d: %d of %d small allreduces completed on the "
+              "enqueuing thread\n", r, here, kRounds);
+  CHECK_TRUE(everywhere > 0,
+             "no small allreduce completed on the enqueuing thread");
+
+  // Large (1 MiB > the op-thread limit): always the engine thread.
+  AllreduceOnce(engine.get(), "large", 1 << 18, nullptr);
+  for (int i = 0; i < 20; ++i) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    auto c = AllreduceOnce(engine.get(), "large", 1 << 18, nullptr);
+    CHECK_TRUE(c->thread != me && std::strcmp(c->thread_name,
+                                              "mpistrategy") == 0,
+               "large allreduce completed on thread \"%s\"",
+               c->thread_name);
+  }
+
+  // A frozen peer: the other ranks stop themselves (SIGSTOP) and rank 0
+  // continues them 500 ms later.  Rank 0's Enqueue returns without waiting
+  // for them; the allreduce completes once they are back.
+  std::vector<int> pids(engine->size());
+  int my_pid = static_cast<int>(getpid());
+  MPI_Allgather(&my_pid, 1, MPI_INT, pids.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (r != 0) {
+    raise(SIGSTOP);
+    AllreduceOnce(engine.get(), "small", 16, nullptr);
+  } else {
+    for (size_t q = 1; q < pids.size(); ++q) {
+      bool stopped = false;
+      for (int i = 0; i < 1000 && !stopped; ++i) {
+        stopped = ProcessState(pids[q]) == 'T';
+        if (!stopped) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      CHECK_TRUE(stopped, "rank %zu did not stop itself", q);
+    }
+    std::thread waker([&pids] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      for (size_t q = 1; q < pids.size(); ++q) kill(pids[q], SIGCONT);
+    });
+    double enqueue_ms = 0;
+    auto c = AllreduceOnce(engine.get(), "small", 16, &enqueue_ms);
+    waker.join();
+    CHECK_TRUE(enqueue_ms < 100.0,
+               "Enqueue took %.1f ms while the peers were stopped",
+               enqueue_ms);
+    CHECK_TRUE(c->thread != me, "completed on the enqueuing thread");
+  }
+
+  // `done` enqueues the next allreduce on the thread it runs on (as TF does
+  // when it continues a graph): a chain of 100, each result checked.
+  MPI_Barrier(MPI_COMM_WORLD);
+  std::vector<float> in(16), out(16);
+  std::promise<Status> chain_end;
+  std::function<void(int)> next;
+  int failures = 0;
+  next = [&](int i) {
+    std::fill(in.begin(), in.end(), static_cast<float>(r + i));
+    TensorEntry e;
+    e.name = "chain";
+    e.dtype = DataType::kFloat32;
+    e.shape = {16};
+    e.input = in.data();
+    e.output = out.data();
+    e.done = [&, i](const Status& s) {
+      const int n = engine->size();
+      const float want = static_cast<float>(n * i + n * (n - 1) / 2);
+      if (!s.ok() || out[0] != want || out[15] != want) ++failures;
+      if (!s.ok() || i == 99) {
+        chain_end.set_value(s);
+      } else {
+        next(i + 1);
+      }
+    };
+    engine->Enqueue(std::move(e));
+  };
+  std::future<Status> chain_done = chain_end.get_future();
+  next(0);
+  CHECK_OK(chain_done.get());
+  CHECK_TRUE(failures == 0, "%d wrong results in the chain", failures);
+  engine.reset();
+}
+
 int Main() {
   bool we_initialized = false;
   int provided = 0;
@@ -274,6 +459,7 @@ int Main() {
   // Engine twice: re-creation after destruction.
   CheckEngine(0);
   CheckEngine(1);
+  CheckCyclesOnTheEnqueuingThread();
   std::printf("rank %d: %s\n", g_check_rank,
               g_check_failures == 0 ? "PASS" : "FAIL");
   std::fflush(stdout);

@@ -314,18 +314,51 @@ void MpiTransport::Map(DataType dtype, ReduceOp op, MPI_Datatype* mpi_type,
 }
 
 Status MpiTransport::BitwiseAnd(std::vector<uint64_t>* bits) {
+  bool done = false;
+  MPISTRATEGY_RETURN_IF_ERROR(StartBitwiseAnd(bits));
+  return FinishBitwiseAnd(-1.0, &done);
+}
+
+Status MpiTransport::StartBitwiseAnd(std::vector<uint64_t>* bits) {
   MPISTRATEGY_RETURN_IF_ERROR(
       CheckIntRange(static_cast<int64_t>(bits->size()), "bit vector length"));
+  if (and_request_ != MPI_REQUEST_NULL) {
+    return Status::Internal("StartBitwiseAnd: the previous one is unfinished");
+  }
   // This is the per-cycle rendezvous, so ranks often reach it far apart (an
   // idle rank wakes up every cycle_time_ms).  A blocking MPI_Allreduce would
   // busy-wait for the whole gap and take a core away from TensorFlow; the
   // non-blocking form lets WaitPolitely spin briefly, then sleep.
-  MPI_Request request;
   MPISTRATEGY_MPI_CHECK(
       MPI_Iallreduce(MPI_IN_PLACE, bits->data(), static_cast<int>(bits->size()),
-                     MPI_UINT64_T, MPI_BAND, comm_, &request),
+                     MPI_UINT64_T, MPI_BAND, comm_, &and_request_),
       "MPI_Iallreduce(BAND)");
-  return WaitPolitely(&request, "MPI_Iallreduce(BAND)");
+  return Status::Ok();
+}
+
+Status MpiTransport::FinishBitwiseAnd(double max_wait_seconds, bool* done) {
+  *done = false;
+  if (and_request_ == MPI_REQUEST_NULL) {
+    return Status::Internal("FinishBitwiseAnd: none was started");
+  }
+  if (max_wait_seconds < 0) {
+    MPISTRATEGY_RETURN_IF_ERROR(
+        WaitPolitely(&and_request_, "MPI_Iallreduce(BAND)"));
+    *done = true;
+    return Status::Ok();
+  }
+  // A short, bounded spin: the caller hands the request on if it is late.
+  const auto until =
+      std::chrono::steady_clock::now() +
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(max_wait_seconds));
+  int flag = 0;
+  do {
+    MPISTRATEGY_MPI_CHECK(MPI_Test(&and_request_, &flag, MPI_STATUS_IGNORE),
+                          "MPI_Iallreduce(BAND)");
+  } while (!flag && std::chrono::steady_clock::now() < until);
+  *done = flag != 0;
+  return Status::Ok();
 }
 
 Status MpiTransport::WaitPolitely(MPI_Request* request, const char* what) {

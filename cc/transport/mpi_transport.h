@@ -49,6 +49,9 @@ class MpiTransport : public Transport {
   int local_size() const override { return local_size_; }
 
   Status BitwiseAnd(std::vector<uint64_t>* bits) override;
+  bool SplitsBitwiseAnd() const override { return true; }
+  Status StartBitwiseAnd(std::vector<uint64_t>* bits) override;
+  Status FinishBitwiseAnd(double max_wait_seconds, bool* done) override;
   Status GatherBytes(const std::string& mine,
                      std::vector<std::string>* all) override;
   Status BroadcastBytes(std::string* bytes) override;
@@ -101,6 +104,8 @@ class MpiTransport : public Transport {
   // Completes a non-blocking request without holding a core while waiting;
   // calls the wait hook while it waits and returns its error, if any.
   Status WaitPolitely(MPI_Request* request, const char* what);
+  // StartBitwiseAnd's request, until FinishBitwiseAnd saw it complete.
+  MPI_Request and_request_ = MPI_REQUEST_NULL;
   // MPI_Ibcast in chunks of at most INT_MAX bytes, each WaitPolitely.
   Status BroadcastPolled(void* buffer, int64_t bytes, int root_rank);
   // MPI datatype and op for (dtype, op).

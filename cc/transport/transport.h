@@ -38,6 +38,22 @@ class Transport {
   // In place: bits[i] becomes the AND of bits[i] over all ranks.  All ranks
   // pass vectors of the same length.
   virtual Status BitwiseAnd(std::vector<uint64_t>* bits) = 0;
+  // BitwiseAnd in two halves, so that one thread can start it and, when the
+  // peers are late, another can finish it.  StartBitwiseAnd begins it on
+  // `bits`, which must stay alive and untouched until it is finished;
+  // FinishBitwiseAnd waits at most `max_wait_seconds` (< 0: as long as it
+  // takes, like BitwiseAnd) and sets `*done` when `bits` holds the result.
+  // Only where SplitsBitwiseAnd() is true.
+  virtual bool SplitsBitwiseAnd() const { return false; }
+  virtual Status StartBitwiseAnd(std::vector<uint64_t>* bits) {
+    (void)bits;
+    return Status::Unimplemented("this transport cannot split BitwiseAnd");
+  }
+  virtual Status FinishBitwiseAnd(double max_wait_seconds, bool* done) {
+    (void)max_wait_seconds;
+    *done = false;
+    return Status::Unimplemented("this transport cannot split BitwiseAnd");
+  }
   // Rank 0 receives every rank's `mine` in rank order in `all`; other ranks
   // get `all` cleared.
   virtual Status GatherBytes(const std::string& mine,
