@@ -404,7 +404,7 @@ class Engine::Impl {
   bool RunCycle(bool on_op_thread);
   // Drains incoming_, sets this rank's bits and starts the BitwiseAnd.
   bool BeginCycle();
-  // After the AND: whether the cycle is a fast one of allreduces small
+  // After the AND: whether the cycle is a fast one of CPU allreduces small
   // enough for an op's thread.
   bool SmallFastCycle() const;
   // After the AND: the slow or the fast path, and the collectives.
@@ -923,7 +923,9 @@ bool Engine::Impl::SmallFastCycle() const {
       const int b = __builtin_ctzll(word);
       word &= word - 1;
       const Response& r = cache_.Get(static_cast<int>((w - 1) * 64 + b));
-      if (r.type != ResponseType::kAllreduce) return false;
+      if (r.type != ResponseType::kAllreduce || r.device != kCpuDevice) {
+        return false;
+      }
       bytes += AllreduceBytes(r);
       if (bytes > kOpThreadMaxBytes) return false;
     }
