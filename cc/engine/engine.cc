@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include "cc/engine/autotuner.h"
 #include "cc/engine/executor.h"
@@ -57,6 +58,22 @@ thread_local const void* cycle_owner_on_this_thread = nullptr;
 // a large copy.
 constexpr double kOpThreadPatienceSeconds = 50e-6;
 constexpr int64_t kOpThreadMaxBytes = 64 * 1024;
+
+// Calls fn(i) for every response-cache bit i set in a cycle's bit vector
+// (words 1 and up; word 0 holds the flags), in bit order, while fn returns
+// true.  False when fn stopped it.
+template <typename Fn>
+bool ForEachCacheBit(const std::vector<uint64_t>& bits, Fn fn) {
+  for (size_t w = 1; w < bits.size(); ++w) {
+    uint64_t word = bits[w];
+    while (word != 0) {
+      const int b = __builtin_ctzll(word);
+      word &= word - 1;
+      if (!fn(static_cast<int>((w - 1) * 64 + b))) return false;
+    }
+  }
+  return true;
+}
 
 struct PendingEntry {
   TensorEntry entry;
@@ -484,8 +501,9 @@ class Engine::Impl {
   const PeerTimeoutHandler on_peer_timeout_;
   std::thread monitor_thread_;
 
-  // After an op's thread ran a cycle: whether work is left for the engine
-  // thread, and whether that cycle ended the cycles.
+  // Set after every cycle, wherever it ran, for the engine thread's wait:
+  // whether work is left (pending entries, or a cycle left half done),
+  // whether that cycle ended the cycles, and when it ended.
   bool work_left_ = false;
   bool cycles_ended_ = false;
   std::chrono::steady_clock::time_point last_cycle_end_;
@@ -917,20 +935,12 @@ bool Engine::Impl::BeginCycle() {
 bool Engine::Impl::SmallFastCycle() const {
   if (bits_[0] != kAllFlagsClear) return false;
   int64_t bytes = 0;
-  for (size_t w = 1; w < bits_.size(); ++w) {
-    uint64_t word = bits_[w];
-    while (word != 0) {
-      const int b = __builtin_ctzll(word);
-      word &= word - 1;
-      const Response& r = cache_.Get(static_cast<int>((w - 1) * 64 + b));
-      if (r.type != ResponseType::kAllreduce || r.device != kCpuDevice) {
-        return false;
-      }
-      bytes += AllreduceBytes(r);
-      if (bytes > kOpThreadMaxBytes) return false;
-    }
-  }
-  return true;
+  return ForEachCacheBit(bits_, [&](int bit) {
+    const Response& r = cache_.Get(bit);
+    bytes += AllreduceBytes(r);
+    return r.type == ResponseType::kAllreduce && r.device == kCpuDevice &&
+           bytes <= kOpThreadMaxBytes;
+  });
 }
 
 bool Engine::Impl::EndCycle() {
@@ -940,16 +950,11 @@ bool Engine::Impl::EndCycle() {
 
   // Step 2: fast path.
   responses_.clear();
-  for (size_t w = 1; w < bits_.size(); ++w) {
-    uint64_t word = bits_[w];
-    while (word != 0) {
-      const int b = __builtin_ctzll(word);
-      word &= word - 1;
-      const int bit = static_cast<int>((w - 1) * 64 + b);
-      cache_.Touch(bit);
-      responses_.push_back(&cache_.Get(bit));
-    }
-  }
+  ForEachCacheBit(bits_, [&](int bit) {
+    cache_.Touch(bit);
+    responses_.push_back(&cache_.Get(bit));
+    return true;
+  });
   if (responses_.empty()) return true;
   fast_responses_ += static_cast<int64_t>(responses_.size());
   return ExecuteResponses(responses_);

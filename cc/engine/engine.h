@@ -5,9 +5,12 @@
 // Why a background thread: TensorFlow runs independent ops in whatever order
 // its executor picks, so two ranks can reach the same pair of collectives in
 // opposite orders.  Kernels therefore never call the transport themselves.
-// They enqueue, and the engine's thread, in lock-step with the other ranks'
-// engines, decides which tensors are ready everywhere and in which order they
-// run (see negotiator.h for the protocol).
+// They enqueue, and the engine's cycles, in lock-step with the other ranks'
+// engines, decide which tensors are ready everywhere and in which order they
+// run (see negotiator.h for the protocol).  Cycles run one at a time, usually
+// on the engine's thread; the thread that enqueues a small CPU allreduce runs
+// the cycle itself when none is running and its peers are ready, which saves
+// two thread wake-ups per collective (docs/DESIGN.md, "Who runs a cycle").
 
 #ifndef MPISTRATEGY_CC_ENGINE_ENGINE_H_
 #define MPISTRATEGY_CC_ENGINE_ENGINE_H_
@@ -71,8 +74,10 @@ struct TensorEntry {
   std::function<void(const std::vector<int64_t>& received_splits)>
       set_received_splits;
 
-  // Called exactly once, from the engine thread (or from Enqueue itself when
-  // the entry is rejected), after the output is written or with the error.
+  // Called exactly once, after the output is written or with the error:
+  // from the engine thread, or from Enqueue itself (when the entry is
+  // rejected, or when Enqueue ran the cycle that completed it).  It may
+  // enqueue again; that enqueue never runs a cycle of its own.
   std::function<void(const Status&)> done;
 };
 
@@ -125,7 +130,7 @@ class Engine {
   // Runs one last negotiation cycle with the other ranks (their engine
   // threads keep cycling in the background, so they join it), unless the
   // engine already stopped (remote shutdown, Abort, transport error).  Must
-  // not be called from a `done` callback (that runs on the engine thread).
+  // not be called from a `done` callback (that runs inside a cycle).
   // No Enqueue may run concurrently with or after the destructor.
   ~Engine();
 

@@ -7,11 +7,12 @@
 // engine's transport on a HostStream; for GPU tensors the plane the
 // device's first entry creates (device.h) on the op's stream.
 //
-// Called from the engine thread only.  Every rank calls Execute* for the same
-// buckets in the same order, so the transport calls match across ranks even
-// when a rank fails locally (e.g. its output allocation fails): such a rank
-// still takes part, receiving into scratch space, and reports the failure
-// through `entry_status` only.
+// Called inside the engine's cycles only (one at a time; on the engine
+// thread, or for small CPU allreduces on the enqueuing thread: engine.h).
+// Every rank calls Execute* for the same buckets in the same order, so the
+// transport calls match across ranks even when a rank fails locally (e.g.
+// its output allocation fails): such a rank still takes part, receiving into
+// scratch space, and reports the failure through `entry_status` only.
 
 #ifndef MPISTRATEGY_CC_ENGINE_EXECUTOR_H_
 #define MPISTRATEGY_CC_ENGINE_EXECUTOR_H_

@@ -115,7 +115,7 @@ class Transport {
   // A side channel of small messages ("notices") for the peer monitor,
   // independent of the collectives: PostNotice and TakeNotice never wait for
   // a peer, and may be called from one other thread (the monitor's) while
-  // the engine thread is inside a collective, blocking or not.  False when
+  // the engine's cycle is inside a collective, blocking or not.  False when
   // the transport cannot do that (MPI below MPI_THREAD_MULTIPLE).
   virtual bool SupportsNotices() const { return false; }
   // Queues `bytes` for `to_rank`.  A notice to a rank that has not taken the
