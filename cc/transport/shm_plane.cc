@@ -27,6 +27,9 @@ namespace {
 
 constexpr int64_t kPage = 4096;
 constexpr int64_t kLine = 64;
+// Allreduces up to this size take the one-barrier path (RunAllreduce);
+// below kShmMinBytesPerRank, so they always fit one slot.
+constexpr int64_t kSmallAllreduceBytes = 16 << 10;
 // Reductions run in blocks of this many bytes, small enough that a block
 // and its sources stay in the L1 cache between the passes.
 constexpr int64_t kBlockBytes = 8 << 10;
@@ -405,10 +408,30 @@ Status ShmPlane::RunAllreduce(const AllreducePart* parts, int num_parts,
     }
     return Status::Ok();
   }
+  srcs_.resize(size_);
+  if (count * esize <= kSmallAllreduceBytes) {
+    // Small: every rank reduces the whole vector from every slot.  One
+    // barrier instead of two, and no copy out; the two slot sets alternate,
+    // so a rank may write its next slot while a slower one still reads this
+    // one (it cannot pass the next barrier before that one is done).
+    CopyIn(parts, 0, count, esize, Slot(rank_));
+    MPISTRATEGY_RETURN_IF_ERROR(Barrier());
+    ForEachPiece(
+        starts_, 0, count,
+        [&](int k, int64_t in_part, int64_t in_range, int64_t elements) {
+          for (int q = 0; q < size_; ++q) {
+            srcs_[q] = Slot(q) + in_range * esize;
+          }
+          ReduceSlots(srcs_.data(),
+                      static_cast<char*>(parts[k].out) + in_part * esize,
+                      elements, dtype, op);
+        });
+    NextSet();
+    return Status::Ok();
+  }
   const int64_t chunk = slot_bytes_ / esize;
   // Shares start on cache lines, so no two ranks write one line.
   const int64_t align = kLine / esize;
-  srcs_.resize(size_);
   for (int64_t done = 0; done < count; done += chunk) {
     const int64_t n = std::min(chunk, count - done);
     const int64_t share = RoundUp((n + size_ - 1) / size_, align);

@@ -6,8 +6,8 @@
 // Every collective's result is compared element by element on every rank
 // with the reduction done here in rank order (the plane's order), for every
 // dtype and op, in place and not, on unaligned buffers, for counts of 0, 1,
-// odd, and across round borders (a plane with the smallest segment makes
-// those cheap).  --large adds an allreduce of more than 2^31 bytes.  Every
+// odd, on both sides of the small-allreduce border, and across round
+// borders (a plane with the smallest segment makes those cheap).  --large adds an allreduce of more than 2^31 bytes.  Every
 // rank prints "rank R: PASS" (exit 0) or the failures (exit 1).
 
 #include <dirent.h>
@@ -395,7 +395,10 @@ int Main(int argc, char** argv) {
                SegmentsLeft(creator));
     if (small == nullptr || plane == nullptr) return 1;
     const int64_t slot = small->slot_bytes();
-    for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{5}, int64_t{1031}}) {
+    // Up to 16 KiB one barrier (every rank reduces everything), above it
+    // shares: both sides of that border for 1-, 2-, 4- and 8-byte dtypes.
+    for (int64_t count : {0, 1, 5, 1031, 2048, 2049, 4096, 4097, 8193,
+                          16384, 16385}) {
       CheckAllreduce(plane.get(), &stream, count, "8M");
     }
     for (int64_t count : {int64_t{3} * slot / 8 + 17, int64_t{2} * slot + 3}) {
