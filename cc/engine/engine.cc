@@ -838,14 +838,13 @@ bool Engine::Impl::TryCycleOnThisThread() {
       parameters_.fusion_wait_ms > 0) {
     return false;
   }
-  RunCycleLocked(/*on_op_thread=*/true);
+  const bool go_on = RunCycleLocked(/*on_op_thread=*/true);
+  // The engine thread is needed when this cycle left work or ended the
+  // cycles.  Entries enqueued meanwhile found cycle_mu_ taken and woke it
+  // themselves, as do Abort and the peer monitor.
+  const bool wake =
+      !go_on || !pending_.empty() || stage_ != CycleStage::kIdle;
   cycle.unlock();
-  bool wake = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    wake = work_left_ || cycles_ended_ || !incoming_.empty() ||
-           shutdown_requested_;
-  }
   if (wake) wake_cv_.notify_one();
   return true;
 }
@@ -919,16 +918,9 @@ bool Engine::Impl::BeginCycle() {
   if (want_shutdown) flags &= ~kFlagNoShutdown;
   if (publish_pending_) flags &= ~kFlagNoParameterChange;
   bits_[0] = flags;
-  if (transport_->SplitsBitwiseAnd()) {
-    const Status s = transport_->StartBitwiseAnd(&bits_);
-    if (!s.ok()) return TransportFailed("negotiation (BitwiseAnd)", s);
-    stage_ = CycleStage::kAndStarted;
-    return true;
-  }
-  const Status s = transport_->BitwiseAnd(&bits_);
+  const Status s = transport_->StartBitwiseAnd(&bits_);
   if (!s.ok()) return TransportFailed("negotiation (BitwiseAnd)", s);
-  stage_ = CycleStage::kAndDone;
-  ++cycles_;
+  stage_ = CycleStage::kAndStarted;
   return true;
 }
 

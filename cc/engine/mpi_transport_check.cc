@@ -274,8 +274,8 @@ struct Completion {
   bool before_enqueue_returned = false;
 };
 
-// Enqueues a float32 SUM allreduce of `count` elements of `value`; waits for
-// it and checks the sum.  Returns how it completed.
+// Enqueues a float32 SUM allreduce `name` of `count` elements, each rank
+// r + 1; waits for it and checks the sum.  Returns how it completed.
 std::unique_ptr<Completion> AllreduceOnce(Engine* engine,
                                           const std::string& name,
                                           int64_t count, double* enqueue_ms) {

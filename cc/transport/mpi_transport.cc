@@ -33,6 +33,7 @@ Status ForEachIntPiece(int64_t count, Fn fn) {
   }
   return Status::Ok();
 }
+
 // Tag of the point-to-point alltoall (blocks above INT_MAX bytes).  Pieces
 // between two ranks match in order, and the engine runs one collective at
 // a time on this communicator.
@@ -393,7 +394,6 @@ Status MpiTransport::BroadcastPolled(void* buffer, int64_t bytes,
         "MPI_Ibcast");
     return WaitPolitely(&request, "MPI_Ibcast");
   });
-  return Status::Ok();
 }
 
 Status MpiTransport::PostNotice(int to_rank, const std::string& bytes) {
