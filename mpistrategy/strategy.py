@@ -236,13 +236,81 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
       _log_user_sharding_once(self._id_in_cluster, self._num_workers)
       return self._distribute_datasets_from_function(
           lambda unused_input_context: dataset, options)
-    return super()._experimental_distribute_dataset(dataset, options)
+    plain = self._plain_iterator_options(options)
+    if plain is None:
+      return super()._experimental_distribute_dataset(dataset, options)
+    # The inherited method, less its refusal of PER_REPLICA options.
+    return _tfp.input_util.get_distributed_dataset(
+        dataset,
+        self._input_workers_with_options(plain),
+        self._container_strategy(),
+        num_replicas_in_sync=self._num_replicas_in_sync,
+        input_context=self._make_input_context(),
+        options=plain)
 
   def _distribute_datasets_from_function(self, dataset_fn, options):
-    dataset = super()._distribute_datasets_from_function(dataset_fn, options)
+    plain = self._plain_iterator_options(options)
+    if plain is None:
+      dataset = super()._distribute_datasets_from_function(dataset_fn, options)
+    else:
+      buffer_size = plain.experimental_per_replica_buffer_size
+
+      def prefetched_dataset_fn(input_context):
+        # What the multi-device iterator's buffer did: the next batch is
+        # produced while this one trains.
+        dataset = dataset_fn(input_context)
+        if isinstance(dataset, tf.data.Dataset):
+          dataset = dataset.prefetch(buffer_size)
+        return dataset
+
+      dataset = _tfp.input_util.get_distributed_datasets_from_function(
+          dataset_fn=prefetched_dataset_fn,
+          input_workers=self._input_workers_with_options(plain),
+          input_contexts=[self._make_input_context()],
+          strategy=self._container_strategy(),
+          options=plain)
     if self._num_workers > 1 and tf.executing_eagerly():
       _agree_on_cardinality(dataset)
     return dataset
+
+  def _plain_iterator_options(self, options):
+    """Input options for a plain iterator on this rank's CPU, if it has one.
+
+    The inherited code always builds TF's multi-device iterator, which
+    prefetches to each local device.  With one CPU device per process there
+    is nothing to fetch to, and that iterator costs more than its own work:
+    it is a `GeneratorDataset`, whose kernel (TF 2.21, Python 3.11+) calls
+    `mallopt(M_MMAP_THRESHOLD, 128 KiB)`.  That turns glibc's adaptive
+    threshold off for the whole process, so every tensor over 128 KiB
+    becomes a fresh `mmap`, zeroed page by page and unmapped when freed:
+    8-10 ms of kernel time in each step of bench/keras_step.py on 2 ranks.
+    `PER_REPLICA` without fetching to the device makes TF's input code use a
+    plain iterator (as `MirroredStrategy` does for one device per input
+    worker); with one replica per process it yields the same batches.
+
+    Args:
+      options: the caller's `tf.distribute.InputOptions`, or None.
+
+    Returns:
+      The `InputOptions` to build the input with, or None where the
+      inherited path stays: a GPU rank (whose input is worth prefetching to
+      the device), or options that ask for `PER_REPLICA` or for placing the
+      dataset on the device themselves (the inherited code's errors).
+    """
+    if self._local_device_type != "CPU":
+      return None
+    if options is not None and (
+        options.experimental_replication_mode ==
+        tf.distribute.InputReplicationMode.PER_REPLICA or
+        options.experimental_place_dataset_on_device):
+      return None
+    return tf.distribute.InputOptions(
+        experimental_fetch_to_device=False,
+        experimental_replication_mode=(
+            tf.distribute.InputReplicationMode.PER_REPLICA),
+        experimental_per_replica_buffer_size=(
+            options.experimental_per_replica_buffer_size
+            if options is not None else 1))
 
   def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
     # `ReplicaContext.all_reduce` passes `(t, t.device)` pairs; inside a

@@ -212,6 +212,54 @@ def test_uneven_shards_end_together(strategy):
   assert steps == 3
 
 
+@pytest.mark.timeout(180)
+def test_cpu_input_builds_no_generator_dataset(strategy, monkeypatch):
+  """A CPU rank reads its batches through plain iterators.
+
+  TF's multi-device iterator is a `GeneratorDataset`, whose kernel turns
+  off glibc's adaptive mmap threshold for the whole process (TF 2.21 on
+  Python 3.11+); every later tensor over 128 KiB then costs a fresh mmap.
+  """
+  from tensorflow.python.ops import gen_dataset_ops
+  built = []
+  original = gen_dataset_ops.generator_dataset
+
+  def counting_generator_dataset(*args, **kwargs):
+    built.append(kwargs.get("name"))
+    return original(*args, **kwargs)
+
+  monkeypatch.setattr(gen_dataset_ops, "generator_dataset",
+                      counting_generator_dataset)
+  buffered = tf.distribute.InputOptions(experimental_per_replica_buffer_size=3)
+  for options in (None, buffered):
+    ds = tf.data.Dataset.range(4 * N).batch(2 * N)
+    got = [strategy.experimental_local_results(b)[0].numpy().tolist()
+           for b in strategy.experimental_distribute_dataset(ds, options)]
+    assert got == [[2 * N * i + 2 * R, 2 * N * i + 2 * R + 1]
+                   for i in range(2)]
+    dist = strategy.distribute_datasets_from_function(
+        lambda ctx: tf.data.Dataset.range(3).map(lambda x: x + 10 * R),
+        options)
+    got = [int(strategy.experimental_local_results(b)[0]) for b in dist]
+    assert got == [10 * R, 10 * R + 1, 10 * R + 2]
+
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+  model.fit(np.ones((8 * N, 3), np.float32), np.ones((8 * N, 1), np.float32),
+            batch_size=4 * N, epochs=1, verbose=0)
+  assert built == []
+
+  # Options the plain iterator does not serve keep TF's own answer.
+  per_replica = tf.distribute.InputOptions(
+      experimental_replication_mode=(
+          tf.distribute.InputReplicationMode.PER_REPLICA),
+      experimental_fetch_to_device=False)
+  with pytest.raises(NotImplementedError, match="PER_REPLICA"):
+    strategy.experimental_distribute_dataset(
+        tf.data.Dataset.range(4).batch(2 * N), per_replica)
+
+
 @pytest.mark.timeout(120)
 def test_distribute_values_from_function(strategy):
   vals = strategy.experimental_distribute_values_from_function(
