@@ -10,7 +10,9 @@ local device, and every cross-process reduction goes through a
 Everything else -- `MirroredVariable`/`SyncOnReadVariable` creation, dataset
 auto-sharding by `InputContext`, the cross-worker end-of-data sync, chief-only
 `should_checkpoint`, replica ids -- is inherited unchanged from
-`CollectiveAllReduceExtended` (see ../shared/TF-INTEGRATION-NOTES.md §2).
+`CollectiveAllReduceExtended` (see ../shared/TF-INTEGRATION-NOTES.md §2),
+except that a CPU rank reads its input through a plain iterator instead of
+TF's multi-device one (`MPIExtended._plain_iterator_options` says why).
 """
 
 import copy
