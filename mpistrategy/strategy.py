@@ -238,6 +238,8 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
       _log_user_sharding_once(self._id_in_cluster, self._num_workers)
       return self._distribute_datasets_from_function(
           lambda unused_input_context: dataset, options)
+    if self._num_replicas_in_sync > 1:
+      _check_batched(dataset)
     plain = self._plain_iterator_options(options)
     if plain is None:
       return super()._experimental_distribute_dataset(dataset, options)
@@ -536,6 +538,33 @@ def _log_user_sharding_once(rank, size):
       "MPIStrategy: the dataset is already sharded with shard(%d, ...); it "
       "is not sharded again, and its batch size is the batch of each rank "
       "(global batch = %d x that).", size, size)
+
+
+def _check_batched(dataset):
+  """Raises a clear error for a dataset whose elements have no batch axis.
+
+  `experimental_distribute_dataset` splits every element of the dataset
+  along its first axis, the global batch; TF's rebatching fails with a bare
+  `IndexError` on a scalar component.
+
+  Args:
+    dataset: the `tf.data.Dataset` passed to `experimental_distribute_dataset`.
+
+  Raises:
+    ValueError: if a component of its elements is a scalar.
+  """
+  if not isinstance(dataset, tf.data.Dataset):
+    return
+  for spec in tf.nest.flatten(dataset.element_spec):
+    shape = getattr(spec, "shape", None)
+    if shape is not None and shape.rank == 0:
+      raise ValueError(
+          "experimental_distribute_dataset splits each element along its "
+          "first axis (the global batch) over the ranks, but this dataset's "
+          f"elements have a scalar component (element_spec "
+          f"{dataset.element_spec}). Batch it first "
+          "(dataset.batch(global_batch_size)), or build each rank's input "
+          "with distribute_datasets_from_function.")
 
 
 def _agree_on_cardinality(dataset):

@@ -261,6 +261,18 @@ def test_cpu_input_builds_no_generator_dataset(strategy, monkeypatch):
 
 
 @pytest.mark.timeout(120)
+def test_unbatched_dataset_gets_a_clear_error(strategy):
+  if N == 1:
+    pytest.skip("one rank uses the dataset as it is")
+  with pytest.raises(ValueError, match="scalar component.*Batch it first"):
+    strategy.experimental_distribute_dataset(tf.data.Dataset.range(12))
+  # Elements with a first axis are split, as before.
+  dist = strategy.experimental_distribute_dataset(
+      tf.data.Dataset.range(4 * N).batch(2 * N))
+  assert len(list(dist)) == 2
+
+
+@pytest.mark.timeout(120)
 def test_distribute_values_from_function(strategy):
   vals = strategy.experimental_distribute_values_from_function(
       lambda ctx: tf.constant(float(ctx.replica_id_in_sync_group)))
