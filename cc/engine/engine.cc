@@ -10,6 +10,7 @@
 #include "cc/engine/engine.h"
 
 #include <pthread.h>
+#include <sys/prctl.h>
 
 #include <algorithm>
 #include <atomic>
@@ -725,6 +726,9 @@ void Engine::Impl::Loop() {
   // Enqueues from `done` callbacks that TF continues on this thread only
   // wake it; they never start a cycle of their own here.
   cycle_owner_on_this_thread = this;
+  // The waits for peers sleep in steps of a few microseconds; Linux's
+  // default slack of 50 us per sleep would stretch each of them.
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
   std::vector<PeerInfo> peers;
   const Status startup = AgreeOnStartup(transport_.get(), Status::Ok(),
                                         config_.cache_capacity, &peers);

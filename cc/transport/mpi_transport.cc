@@ -364,9 +364,13 @@ Status MpiTransport::FinishBitwiseAnd(double max_wait_seconds, bool* done) {
 
 Status MpiTransport::WaitPolitely(MPI_Request* request, const char* what) {
   // Spin first: in a training loop the other ranks usually arrive within
-  // microseconds, and sleeping then would add latency.  After that, back off
-  // exponentially to a sleep short enough not to matter next to a step.
-  constexpr auto kSpin = std::chrono::microseconds(100);
+  // microseconds, and sleeping then would add latency.  Briefly: where ranks
+  // share cores with TensorFlow, a longer spin takes CPU from a late peer
+  // (100 us cost the Keras step benchmark 1-2 ms of CPU per step).  After
+  // that, back off exponentially to a sleep short enough not to matter next
+  // to a step (the engine thread's timer slack is 1 us, so short sleeps
+  // are as short as asked).
+  constexpr auto kSpin = std::chrono::microseconds(20);
   constexpr auto kMaxSleep = std::chrono::microseconds(200);
   const auto spin_until = std::chrono::steady_clock::now() + kSpin;
   auto sleep = std::chrono::microseconds(2);
