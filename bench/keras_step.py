@@ -3,9 +3,12 @@
     python bench/keras_step.py            # driver: launches the three runs
 
 The driver runs the same model (MLP 1024-1024-1024-10, 2.1 M parameters,
-global batch 128, steps_per_execution 1) in five configurations, `--rounds`
-times in turn (default 3, so that slow drift of the machine affects all
-alike), and prints a table of the medians:
+global batch 128, steps_per_execution 1) in six configurations, `--rounds`
+times in turn (so that slow drift of the machine affects all alike), and
+prints a table of the medians.  Default 7 rounds: on a small machine each
+run's placement of threads on cores moves its step time by up to 50 %, and
+on 2 cores medians of 3 rounds put the plane ratio below anywhere from 0.3
+to 1.2 (bench/RESULTS.md section 10).
 
 * `single`: one process, default strategy, the global batch;
 * `mpi`:    `mpirun -np 2`, `mpistrategy.MPIStrategy` (the default
@@ -32,6 +35,11 @@ communication cost alone (step time minus `independent`): MPIStrategy against
 MWMS, and the shared-memory data plane against the MPI one (target: at
 most half).  `--modes` runs a subset (`single` and `independent` always
 run).
+
+The last column is the CPU time (user + system) one step takes, summed
+over the ranks: the work each configuration adds, which scheduling noise
+moves much less than the step time, where ranks and their threads
+outnumber cores.
 
 Stock MWMS cannot run Keras 3.15 `fit` (TF-INTEGRATION-NOTES §6); the `mwms`
 worker applies the two minimal patches below, and *only* there.
@@ -134,22 +142,33 @@ def worker(args):
                       from_logits=True))
 
   times = []
+  cpu = {}
+
+  def cpu_seconds():
+    t = os.times()
+    return t.user + t.system
 
   class Timer(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
+      if batch == args.warmup:
+        cpu["start"] = cpu_seconds()
       self.t = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
       times.append(time.perf_counter() - self.t)
+      if batch == steps - 1:
+        cpu["end"] = cpu_seconds()
 
   model.fit(ds, epochs=1, steps_per_epoch=steps, callbacks=[Timer()],
             shuffle=False, verbose=0)
   median = float(np.median(times[args.warmup:]))
-  if rank == 0:
-    with open(args.out, "w") as f:
-      json.dump({"mode": args.mode, "median_s": median,
-                 "params": model.count_params()}, f)
+  # Every rank writes its own file: the driver sums the ranks' CPU time.
+  out = args.out if rank == 0 else "%s.%d" % (args.out, rank)
+  with open(out, "w") as f:
+    json.dump({"mode": args.mode, "median_s": median,
+               "cpu_per_step_s": (cpu["end"] - cpu["start"]) / args.steps,
+               "params": model.count_params()}, f)
 
 
 def driver(args):
@@ -186,12 +205,19 @@ def driver(args):
       print(proc.stdout[-4000:])
       raise SystemExit("%s run failed (exit %d)" % (mode, proc.returncode))
     with open(out) as f:
-      runs[mode].append(json.load(f))
+      run = json.load(f)
     os.remove(out)
+    for rank in range(1, 1 if mode == "single" else args.np):
+      with open("%s.%d" % (out, rank)) as f:
+        run["cpu_per_step_s"] += json.load(f)["cpu_per_step_s"]
+      os.remove("%s.%d" % (out, rank))
+    runs[mode].append(run)
   results = {}
   for mode in modes:
     times = sorted(r["median_s"] for r in runs[mode])
+    cpus = sorted(r["cpu_per_step_s"] for r in runs[mode])
     results[mode] = {"median_s": times[len(times) // 2],
+                     "cpu_s": cpus[len(cpus) // 2],
                      "params": runs[mode][0]["params"]}
 
   single = results["single"]["median_s"]
@@ -199,7 +225,8 @@ def driver(args):
         " steps, median of %d rounds" % (
             results["single"]["params"] / 1e6, args.global_batch, args.np,
             args.steps, args.rounds))
-  print("%-30s %12s %14s" % ("configuration", "step (ms)", "overhead (ms)"))
+  print("%-30s %12s %14s %16s" % ("configuration", "step (ms)", "overhead (ms)",
+                                  "CPU/step (ms)"))
   labels = {"single": "1 process", "mpi": "MPIStrategy",
             "mpi_plane_mpi": "MPIStrategy, data_plane=mpi",
             "mwms": "MWMS (gRPC, patched)",
@@ -207,7 +234,9 @@ def driver(args):
             "independent": "%d independent procs" % args.np}
   for mode in modes:
     t = results[mode]["median_s"]
-    print("%-30s %12.2f %14.2f" % (labels[mode], t * 1e3, (t - single) * 1e3))
+    print("%-30s %12.2f %14.2f %16.2f" % (labels[mode], t * 1e3,
+                                         (t - single) * 1e3,
+                                         results[mode]["cpu_s"] * 1e3))
 
   def ratio(a, b):
     return a / b if b > 0 else float("nan")
@@ -234,6 +263,14 @@ def driver(args):
               comm("mpi") * 1e3, comm("mpi_plane_mpi") * 1e3,
               ratio(comm("mpi"), comm("mpi_plane_mpi"))))
 
+    def cpu_over(mode):
+      return results[mode]["cpu_s"] - results["independent"]["cpu_s"]
+
+    print("CPU time per step over independent (all ranks): shared memory "
+          "%.2f ms, MPI plane %.2f ms, ratio %.2f" % (
+              cpu_over("mpi") * 1e3, cpu_over("mpi_plane_mpi") * 1e3,
+              ratio(cpu_over("mpi"), cpu_over("mpi_plane_mpi"))))
+
 
 _MODES = ("single", "mpi", "mpi_plane_mpi", "mwms", "mwms_shared",
           "independent")
@@ -251,7 +288,7 @@ def main():
   p.add_argument("--np", type=int, default=2)
   p.add_argument("--steps", type=int, default=40)
   p.add_argument("--warmup", type=int, default=8)
-  p.add_argument("--rounds", type=int, default=3)
+  p.add_argument("--rounds", type=int, default=7)
   p.add_argument("--global-batch", type=int, default=128)
   p.add_argument("--mpirun", default="mpirun")
   p.add_argument("--timeout", type=int, default=600)
