@@ -1,14 +1,14 @@
 """Median Keras training-step time: MPIStrategy vs MultiWorkerMirroredStrategy.
 
-    python bench/keras_step.py            # driver: launches the three runs
+    python bench/keras_step.py            # driver: launches every run
 
 The driver runs the same model (MLP 1024-1024-1024-10, 2.1 M parameters,
 global batch 128, steps_per_execution 1) in six configurations, `--rounds`
 times in turn (so that slow drift of the machine affects all alike), and
 prints a table of the medians.  Default 7 rounds: on a small machine each
 run's placement of threads on cores moves its step time by up to 50 %, and
-on 2 cores medians of 3 rounds put the plane ratio below anywhere from 0.3
-to 1.2 (bench/RESULTS.md section 10).
+on 2 cores medians of 3 rounds put the plane ratio anywhere from 0.3 to
+1.2 (bench/RESULTS.md section 10).
 
 * `single`: one process, default strategy, the global batch;
 * `mpi`:    `mpirun -np 2`, `mpistrategy.MPIStrategy` (the default
@@ -37,9 +37,9 @@ most half).  `--modes` runs a subset (`single` and `independent` always
 run).
 
 The last column is the CPU time (user + system) one step takes, summed
-over the ranks: the work each configuration adds, which scheduling noise
-moves much less than the step time, where ranks and their threads
-outnumber cores.
+over the ranks: the work each configuration adds, apart from how the
+ranks' waits happened to line up (where ranks and their threads outnumber
+cores, it varies from run to run about as much as the step time).
 
 Stock MWMS cannot run Keras 3.15 `fit` (TF-INTEGRATION-NOTES §6); the `mwms`
 worker applies the two minimal patches below, and *only* there.
