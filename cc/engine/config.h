@@ -30,7 +30,9 @@ struct EngineConfig {
   // How long the background thread sleeps when it has nothing to do before it
   // joins an (empty) negotiation cycle anyway.  Enqueueing a tensor wakes it
   // immediately, so this is not a latency floor; it bounds how stale the
-  // stall inspector's view of other ranks can get.
+  // stall inspector's view of other ranks can get.  While the rank stays
+  // idle the period doubles after each empty cycle, up to 16 ms (or this,
+  // if larger).
   double cycle_time_ms = 1.0;
 
   // After the first tensor arrives at an idle engine, wait this long for

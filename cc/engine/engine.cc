@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -59,6 +60,14 @@ thread_local const void* cycle_owner_on_this_thread = nullptr;
 // a large copy.
 constexpr double kOpThreadPatienceSeconds = 50e-6;
 constexpr int64_t kOpThreadMaxBytes = 64 * 1024;
+
+// An idle rank's empty cycles only keep its peers' rendezvous moving (a
+// submission wakes the engine at once), yet each costs a rendezvous and its
+// wait on every rank, which is CPU taken from TensorFlow where ranks share
+// cores.  So while nothing is submitted on this rank, the idle period
+// doubles after every empty cycle, from cycle_time_ms up to this (or
+// cycle_time_ms if larger); the next submission resets it.
+constexpr double kMaxIdlePeriodMs = 16.0;
 
 // Calls fn(i) for every response-cache bit i set in a cycle's bit vector
 // (words 1 and up; word 0 holds the flags), in bit order, while fn returns
@@ -508,6 +517,9 @@ class Engine::Impl {
   bool work_left_ = false;
   bool cycles_ended_ = false;
   std::chrono::steady_clock::time_point last_cycle_end_;
+  // Cycles the engine thread ran since this rank's last submission because
+  // its idle period ran out (WaitForWork); under mu_.
+  int idle_cycles_ = 0;
   // A GPU entry was ever enqueued: cycles stay on the engine thread, whose
   // device and streams the GPU path sets up.
   std::atomic<bool> saw_device_entry_{false};
@@ -677,6 +689,7 @@ Status Engine::Impl::EnqueueGroup(std::vector<TensorEntry> entries) {
       incoming_.push_back(std::move(prepared[i]));
       queued_any = true;
     }
+    if (queued_any) idle_cycles_ = 0;
   }
   if (queued_any && !TryCycleOnThisThread()) wake_cv_.notify_one();
   Status first_error;
@@ -800,18 +813,30 @@ bool Engine::Impl::WaitForWork() {
   // Sleep only when this rank has nothing in flight.  With pending entries
   // the other ranks are about to submit theirs (or are slow), and we must
   // be in the next cycle's rendezvous when they do: sleeping here would add
-  // up to cycle_time_ms to every collective whose ranks arrive a little
+  // up to the idle period to every collective whose ranks arrive a little
   // apart.  The transport's rendezvous waits without spinning.  Idle, a
-  // rank still cycles every cycle_time_ms (counted from its last cycle,
-  // wherever that ran), so that peers waiting in a cycle hear from it.
-  const auto period = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-      std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
+  // rank still cycles once per idle period (counted from its last cycle,
+  // wherever that ran), so that peers waiting in a cycle hear from it; the
+  // period grows from cycle_time_ms while the rank stays idle
+  // (kMaxIdlePeriodMs).
+  const double cap_ms = std::max(config_.cycle_time_ms, kMaxIdlePeriodMs);
+  const double period_ms =
+      std::min(cap_ms, std::ldexp(config_.cycle_time_ms,
+                                  std::min(idle_cycles_, 30)));
+  const auto period =
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double, std::milli>(period_ms));
+  bool timed_out = false;
   while (incoming_.empty() && !work_left_ && !shutdown_requested_ &&
          !cycles_ended_) {
     const auto deadline = last_cycle_end_ + period;
-    if (std::chrono::steady_clock::now() >= deadline) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      timed_out = true;
+      break;
+    }
     wake_cv_.wait_until(lock, deadline);
   }
+  if (timed_out) ++idle_cycles_;
   return !cycles_ended_;
 }
 

@@ -281,6 +281,31 @@ TEST(Negotiation, FastPathInSteadyState) {
   }
 }
 
+// An idle rank's empty cycles come further and further apart (up to 16 ms)
+// instead of every cycle_time_ms, but never stop, and a submission brings
+// its collective through at once.  With the period fixed at 1 ms, 300 ms
+// idle would run about 300 cycles.
+TEST(Negotiation, IdleRanksBackOffAndStillCycle) {
+  const int n = 2;
+  Cluster c(n);
+  for (int round = 0; round < 2; ++round) {
+    OnEveryRank(n, [&](int rank) {
+      std::vector<char> in = Buffer(DataType::kFloat32, 1);
+      std::vector<char> out = Buffer(DataType::kFloat32, 1);
+      Set(DataType::kFloat32, &in, 0, rank + 1);
+      auto f = Submit(c.engines[rank].get(),
+                      AllreduceEntry("x", DataType::kFloat32, {1}, in, &out));
+      ASSERT_TRUE(Await(&f).ok());
+      EXPECT_EQ(Get(DataType::kFloat32, out, 0), 3.0);
+    });
+    const int64_t before = c.engines[0]->stats().cycles;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const int64_t idle = c.engines[0]->stats().cycles - before;
+    EXPECT_GE(idle, 5) << "round " << round;
+    EXPECT_LE(idle, 60) << "round " << round;
+  }
+}
+
 // A full cache forgets its least recently used entry: a stream of one-shot
 // names (say, names with a step counter) must not keep a recurring
 // collective off the fast path, and the evictions must keep the bits
