@@ -1,6 +1,8 @@
 #include <cmath>
 #include <cstring>
+#include <algorithm>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "cc/common/common.h"
@@ -121,6 +123,100 @@ TEST(ReduceKernels, BoolAndDivide) {
   int32_t i[1] = {3};
   EXPECT_EQ(DivideInPlace(DataType::kInt32, i, 1, 3).code(),
             StatusCode::kInvalidArgument);
+}
+
+// The vectorised ReduceInto is bit for bit the element-by-element
+// definition for every op, whatever the length (vector blocks and the
+// tail), the alignment and in place or not: integer sums and products wrap,
+// min and max keep std::min/std::max's choice on ties (-0.0 against +0.0)
+// and let a NaN win, inout's first.
+template <typename T>
+T ReferenceCombine(ReduceOp op, T a, T b) {
+  using U = typename std::conditional<std::is_integral<T>::value,
+                                      std::make_unsigned<T>,
+                                      std::common_type<T>>::type::type;
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kMean:
+      return static_cast<T>(static_cast<U>(static_cast<U>(a) +
+                                           static_cast<U>(b)));
+    case ReduceOp::kProduct:
+      return static_cast<T>(static_cast<U>(static_cast<U>(a) *
+                                           static_cast<U>(b)));
+    case ReduceOp::kMin:
+    case ReduceOp::kMax:
+      if (a != a) return a;
+      if (b != b) return b;
+      return op == ReduceOp::kMin ? std::min(a, b) : std::max(a, b);
+  }
+  return a;
+}
+
+// Bit for bit, except that arithmetic on two NaNs may give either one (the
+// hardware and the compiler's operand order decide); min and max select, so
+// their NaN is exact too.
+template <typename T>
+bool SameValue(ReduceOp op, T got, T want) {
+  if (want != want && (op == ReduceOp::kSum || op == ReduceOp::kMean ||
+                       op == ReduceOp::kProduct)) {
+    return got != got;
+  }
+  return std::memcmp(&got, &want, sizeof(T)) == 0;
+}
+
+template <typename T>
+void ExpectReduceIsElementwise(DataType dtype) {
+  std::vector<T> values = {T(0), T(1), T(3), T(-2), T(7),
+                           std::numeric_limits<T>::max(),
+                           std::numeric_limits<T>::lowest(),
+                           static_cast<T>(std::numeric_limits<T>::max() / 3)};
+  if (std::is_floating_point<T>::value) {
+    values.push_back(-T(0));
+    values.push_back(T(0.5));
+    values.push_back(std::numeric_limits<T>::infinity());
+    values.push_back(-std::numeric_limits<T>::infinity());
+    values.push_back(std::numeric_limits<T>::quiet_NaN());
+    values.push_back(-std::numeric_limits<T>::quiet_NaN());
+  }
+  const int v = static_cast<int>(values.size());
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kProduct,
+                      ReduceOp::kMin, ReduceOp::kMax}) {
+    for (int64_t count : {0, 1, 3, 4, 31, 32, 33, 100, 1000}) {
+      for (int offset : {0, 1}) {  // aligned and unaligned
+        std::vector<T> a(offset + count), b(offset + count);
+        for (int64_t i = 0; i < count; ++i) {
+          a[offset + i] = values[i % v];
+          b[offset + i] = values[(i / v + 3 * i) % v];  // every pair
+        }
+        std::vector<T> got = b;
+        ReduceInto(dtype, op, a.data() + offset, got.data() + offset, count);
+        std::vector<T> self = a;  // in place: in == inout
+        ReduceInto(dtype, op, self.data() + offset, self.data() + offset,
+                   count);
+        for (int64_t i = 0; i < count; ++i) {
+          const T want = ReferenceCombine(op, b[offset + i], a[offset + i]);
+          const T want_self =
+              ReferenceCombine(op, a[offset + i], a[offset + i]);
+          ASSERT_TRUE(SameValue(op, got[offset + i], want))
+              << DataTypeName(dtype) << " op " << static_cast<int>(op)
+              << " element " << i << " of " << count << ": "
+              << +b[offset + i] << ", " << +a[offset + i];
+          ASSERT_TRUE(SameValue(op, self[offset + i], want_self))
+              << DataTypeName(dtype) << " op " << static_cast<int>(op)
+              << " in place, element " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(ReduceKernels, ReduceIsElementwiseForEveryOp) {
+  ExpectReduceIsElementwise<uint8_t>(DataType::kUint8);
+  ExpectReduceIsElementwise<int8_t>(DataType::kInt8);
+  ExpectReduceIsElementwise<int32_t>(DataType::kInt32);
+  ExpectReduceIsElementwise<int64_t>(DataType::kInt64);
+  ExpectReduceIsElementwise<float>(DataType::kFloat32);
+  ExpectReduceIsElementwise<double>(DataType::kFloat64);
 }
 
 // Divide (MEAN's division) is bit for bit the scalar division, whatever the
