@@ -66,6 +66,7 @@ PLANE_SRCS = [
 
 # //cc/transport:mpi_transport.
 MPI_TRANSPORT_SRCS = [
+    "host_rendezvous.cc",
     "mpi_transport.cc",
     "shm_plane.cc",
 ]

@@ -12,6 +12,7 @@
 #include "cc/common/reduce_kernels.h"
 #include "cc/transport/hierarchical_plane.h"
 #include "cc/transport/host_plane.h"
+#include "cc/transport/host_rendezvous.h"
 #include "cc/transport/shm_plane.h"
 
 #include <unistd.h>
@@ -323,8 +324,15 @@ Status MpiTransport::BitwiseAnd(std::vector<uint64_t>* bits) {
 Status MpiTransport::StartBitwiseAnd(std::vector<uint64_t>* bits) {
   MPISTRATEGY_RETURN_IF_ERROR(
       CheckIntRange(static_cast<int64_t>(bits->size()), "bit vector length"));
-  if (and_request_ != MPI_REQUEST_NULL) {
+  if (and_request_ != MPI_REQUEST_NULL || and_on_host_) {
     return Status::Internal("StartBitwiseAnd: the previous one is unfinished");
+  }
+  // Every rank's vector has the same length, so every rank picks alike.
+  if (host_and_ != nullptr &&
+      host_and_->Fits(static_cast<int64_t>(bits->size()))) {
+    MPISTRATEGY_RETURN_IF_ERROR(host_and_->Start(bits));
+    and_on_host_ = true;
+    return Status::Ok();
   }
   // This is the per-cycle rendezvous, so ranks often reach it far apart (an
   // idle rank wakes up every cycle_time_ms).  A blocking MPI_Allreduce would
@@ -339,6 +347,11 @@ Status MpiTransport::StartBitwiseAnd(std::vector<uint64_t>* bits) {
 
 Status MpiTransport::FinishBitwiseAnd(double max_wait_seconds, bool* done) {
   *done = false;
+  if (and_on_host_) {
+    MPISTRATEGY_RETURN_IF_ERROR(host_and_->Finish(max_wait_seconds, done));
+    if (*done) and_on_host_ = false;
+    return Status::Ok();
+  }
   if (and_request_ == MPI_REQUEST_NULL) {
     return Status::Internal("FinishBitwiseAnd: none was started");
   }
@@ -731,6 +744,10 @@ Status MpiTransport::CreateHostPlane(HostDataPlane kind, int64_t shm_bytes,
   };
   shm->SetWaitHook(hook);
   if (one_host) {
+    // The negotiation too: a rank waiting for the others sleeps until the
+    // last one arrives instead of polling MPI (host_rendezvous.h).
+    host_and_ = shm->CreateRendezvous();
+    host_and_->SetWaitHook(hook);
     *plane = std::move(shm);
     return Status::Ok();
   }

@@ -22,6 +22,8 @@
 
 namespace mpistrategy {
 
+class HostRendezvous;
+
 // Initialises MPI with MPI_THREAD_MULTIPLE unless something (e.g. mpi4py)
 // already did.  *we_initialized says whether this call initialised it; if
 // `provided_level` is not null it receives the thread level MPI provides.
@@ -106,6 +108,10 @@ class MpiTransport : public Transport {
   Status WaitPolitely(MPI_Request* request, const char* what);
   // StartBitwiseAnd's request, until FinishBitwiseAnd saw it complete.
   MPI_Request and_request_ = MPI_REQUEST_NULL;
+  // Where every rank shares one host and its ShmPlane: the AND through
+  // shared memory instead (host_rendezvous.h), from CreateHostPlane on.
+  std::unique_ptr<HostRendezvous> host_and_;
+  bool and_on_host_ = false;  // the AND in flight went to host_and_
   // MPI_Ibcast in chunks of at most INT_MAX bytes, each WaitPolitely.
   Status BroadcastPolled(void* buffer, int64_t bytes, int root_rank);
   // MPI datatype and op for (dtype, op).

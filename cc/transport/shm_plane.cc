@@ -194,7 +194,8 @@ Status ShmPlane::Create(MPI_Comm comm, int64_t segment_bytes,
   int size = 1;
   MPISTRATEGY_MPI_CHECK(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   MPISTRATEGY_MPI_CHECK(MPI_Comm_size(comm, &size), "MPI_Comm_size");
-  const int64_t header = RoundUp(kLine * (size + 1), kPage);
+  const int64_t header =
+      RoundUp(kLine * (size + 1) + HostRendezvous::AreaBytes(size), kPage);
   const int64_t slot =
       std::max<int64_t>(0, segment_bytes - header) / (2 * size) / kPage * kPage;
   const int64_t total = header + 2 * size * slot;
@@ -255,14 +256,20 @@ ShmPlane::ShmPlane(int rank, int size, void* base, int64_t mapped_bytes,
                    DataPlane* fallback)
     : rank_(rank),
       size_(size),
+      mapping_(base, [mapped_bytes](void* p) { munmap(p, mapped_bytes); }),
       base_(base),
-      mapped_bytes_(mapped_bytes),
       header_bytes_(header_bytes),
       slot_bytes_(slot_bytes),
       fallback_(fallback),
       block_(kBlockBytes) {}
 
-ShmPlane::~ShmPlane() { munmap(base_, mapped_bytes_); }
+ShmPlane::~ShmPlane() = default;
+
+std::unique_ptr<HostRendezvous> ShmPlane::CreateRendezvous() const {
+  // After the barrier counters (lines 1 to size_).
+  return std::make_unique<HostRendezvous>(
+      mapping_, static_cast<char*>(base_) + kLine * (size_ + 1), rank_, size_);
+}
 
 char* ShmPlane::Slot(int rank) const {
   return static_cast<char*>(base_) + header_bytes_ +

@@ -7,8 +7,9 @@
 // the host's slowest rank) can leave one behind; the next job's creator on
 // the host removes it (RemoveAbandonedShmSegments).
 //
-// The segment holds one arrival counter per rank and two sets of one slot
-// per rank.  A collective moves its data in rounds of at most a slot per
+// The segment holds one arrival counter per rank, the area of the
+// negotiation's rendezvous (host_rendezvous.h) and two sets of one slot per
+// rank.  A collective moves its data in rounds of at most a slot per
 // rank, alternating the sets, so that a round's writes never touch the set
 // the previous round's readers may still read:
 //   * allreduce: every rank copies its chunk into its slot; barrier; rank r
@@ -42,6 +43,7 @@
 #include <vector>
 
 #include "cc/transport/data_plane.h"
+#include "cc/transport/host_rendezvous.h"
 
 namespace mpistrategy {
 
@@ -95,6 +97,11 @@ class ShmPlane : public DataPlane {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* name() const override { return "shared memory"; }
+  // The negotiation's AND through this plane's segment (host_rendezvous.h),
+  // for jobs whose ranks are all this plane's.  Keeps the segment mapped
+  // while it lives.
+  std::unique_ptr<HostRendezvous> CreateRendezvous() const;
+
   // Bytes one rank moves per round (tests use it to cross round borders).
   int64_t slot_bytes() const { return slot_bytes_; }
 
@@ -147,8 +154,9 @@ class ShmPlane : public DataPlane {
 
   const int rank_;
   const int size_;
+  // Unmapped when the plane and every rendezvous on it are gone.
+  const std::shared_ptr<void> mapping_;
   void* const base_;
-  const int64_t mapped_bytes_;
   const int64_t header_bytes_;
   const int64_t slot_bytes_;
   DataPlane* const fallback_;

@@ -27,6 +27,7 @@
 #include "cc/common/stream.h"
 #include "cc/testing/mpi_check.h"
 #include "cc/transport/host_plane.h"
+#include "cc/transport/host_rendezvous.h"
 #include "cc/transport/mpi_transport.h"
 #include "cc/transport/shm_plane.h"
 
@@ -342,6 +343,69 @@ void CheckWaitHook(ShmPlane* plane, Stream* stream, MPI_Comm comm) {
   MPI_Barrier(comm);
 }
 
+// The negotiation's AND through the segment (HostRendezvous): vectors of
+// every length it takes, ranks arriving late in turn, compared with MPI's
+// AND; a bounded wait reports "not yet" while a rank is late, and a wait
+// hook's error ends a wait that no rank will end.
+void CheckRendezvous(ShmPlane* plane, MPI_Comm comm) {
+  std::unique_ptr<HostRendezvous> rendezvous = plane->CreateRendezvous();
+  const int rank = plane->rank();
+  const int n = plane->size();
+  for (int it = 0; it < 300; ++it) {
+    const int64_t words = 1 + it % HostRendezvous::kMaxWords;
+    std::vector<uint64_t> bits(words), want(words);
+    uint64_t x = 0x9e3779b97f4a7c15ull * (it + 1) + rank;
+    for (int64_t i = 0; i < words; ++i) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      bits[i] = x | (i % 3 == 0 ? ~uint64_t{0} >> 4 : 0);
+    }
+    MPI_Allreduce(bits.data(), want.data(), static_cast<int>(words),
+                  MPI_UINT64_T, MPI_BAND, comm);
+    if (it % (n + 1) == rank) usleep(it % 2 ? 50 : 2000);  // one rank late
+    CHECK_OK(rendezvous->Start(&bits));
+    bool done = false;
+    CHECK_OK(rendezvous->Finish(-1.0, &done));
+    CHECK_TRUE(done && bits == want, "AND %d (%lld words) differs", it,
+               static_cast<long long>(words));
+  }
+  // Rank n-1 starts 100 ms late: the others' bounded waits say "not yet".
+  std::vector<uint64_t> bits(5, ~uint64_t{0});
+  bits[rank % 5] = 0;
+  bool done = false;
+  if (rank == n - 1) usleep(100000);
+  CHECK_OK(rendezvous->Start(&bits));
+  CHECK_OK(rendezvous->Finish(0.0005, &done));
+  if (rank != n - 1) CHECK_TRUE(!done, "done while rank %d was late", n - 1);
+  if (!done) CHECK_OK(rendezvous->Finish(-1.0, &done));
+  for (int i = 0; i < 5; ++i) {
+    const uint64_t want = i < n ? 0 : ~uint64_t{0};
+    CHECK_TRUE(done && bits[i] == want, "late AND: word %d", i);
+  }
+  MPI_Barrier(comm);
+  // Only rank 0 starts one: its hook ends the wait after 200 ms.
+  if (rank == 0) {
+    int calls = 0;
+    const auto start = std::chrono::steady_clock::now();
+    rendezvous->SetWaitHook([&calls, start]() -> Status {
+      ++calls;
+      if (std::chrono::steady_clock::now() - start >
+          std::chrono::milliseconds(200)) {
+        return Status::Unavailable("peer gone (test)");
+      }
+      return Status::Ok();
+    });
+    CHECK_OK(rendezvous->Start(&bits));
+    const Status s = rendezvous->Finish(-1.0, &done);
+    CHECK_TRUE(s.code() == StatusCode::kUnavailable && !done, "%s",
+               s.ToString().c_str());
+    CHECK_TRUE(calls >= 20 && calls <= 400, "the hook ran %d times in 200 ms",
+               calls);
+  }
+  MPI_Barrier(comm);
+}
+
 // Names in /dev/shm of segments that the process `pid` created.
 int SegmentsLeft(int64_t pid) {
   const std::string prefix = "mpistrategy-" + std::to_string(pid) + "-";
@@ -437,6 +501,7 @@ int Main(int argc, char** argv) {
       CHECK_TRUE(bad < 0, "large allreduce: element %lld",
                  static_cast<long long>(bad));
     }
+    CheckRendezvous(plane.get(), comm);
     CheckWaitHook(small.get(), &stream, comm);
   }
   {
