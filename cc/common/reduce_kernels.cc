@@ -1,6 +1,5 @@
 #include "cc/common/reduce_kernels.h"
 
-#include <algorithm>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -10,31 +9,6 @@
 namespace mpistrategy {
 
 namespace {
-
-template <typename T>
-bool IsNan(T v) {
-  if constexpr (std::is_floating_point<T>::value) return v != v;
-  return false;
-}
-
-template <typename T>
-T Combine(ReduceOp op, T a, T b) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kMean:
-      return static_cast<T>(a + b);
-    case ReduceOp::kMin:
-    case ReduceOp::kMax:
-      // A NaN wins, as in tf.minimum/tf.maximum (std::min/max would return
-      // whichever operand comes first).
-      if (IsNan(a)) return a;
-      if (IsNan(b)) return b;
-      return op == ReduceOp::kMin ? std::min(a, b) : std::max(a, b);
-    case ReduceOp::kProduct:
-      return static_cast<T>(a * b);
-  }
-  return a;
-}
 
 // On x86-64 with GCC, ReduceTyped and DivideTyped are compiled twice, for
 // AVX2 and for the baseline (SSE2), and the loader picks one for the CPU (an
@@ -51,7 +25,8 @@ T Combine(ReduceOp op, T a, T b) {
 // the same code serves the tail).  Sums and products of integers wrap: they
 // are computed on the unsigned type of the same width.  Min and max follow
 // std::min/std::max (the first operand on ties, so -0.0 and +0.0 keep
-// their order), except that a NaN wins, the first operand's first.
+// their order), except that a NaN wins, the first operand's first, as in
+// tf.minimum/tf.maximum.
 struct SumOp {
   template <typename V>
   V operator()(V a, V b) const { return a + b; }
@@ -76,6 +51,22 @@ struct MaxOp {
     return a != a ? a : r;
   }
 };
+
+// One float of a 16-bit reduction (Reduce16): the same rules as above.
+float CombineFloat(ReduceOp op, float a, float b) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kMean:
+      return SumOp()(a, b);
+    case ReduceOp::kProduct:
+      return ProductOp()(a, b);
+    case ReduceOp::kMin:
+      return MinOp()(a, b);
+    case ReduceOp::kMax:
+      return MaxOp()(a, b);
+  }
+  return a;
+}
 
 // inout[i] = op(inout[i], in[i]) on elements of type E (the dtype's type,
 // or its unsigned twin for wrapping arithmetic), 32 bytes at a time:
@@ -130,7 +121,7 @@ void Reduce16(ReduceOp op, const void* in, void* inout, int64_t count) {
   const uint16_t* src = static_cast<const uint16_t*>(in);
   uint16_t* dst = static_cast<uint16_t*>(inout);
   for (int64_t i = 0; i < count; ++i) {
-    dst[i] = FromFloat(Combine(op, ToFloat(dst[i]), ToFloat(src[i])));
+    dst[i] = FromFloat(CombineFloat(op, ToFloat(dst[i]), ToFloat(src[i])));
   }
 }
 
