@@ -10,6 +10,8 @@
 #include <ctime>
 #include <string>
 
+#include "cc/transport/peer_wait.h"
+
 namespace mpistrategy {
 
 namespace {
@@ -28,12 +30,6 @@ void FutexWait(uint32_t* word, uint32_t expected,
 
 void FutexWakeAll(uint32_t* word) {
   syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
 }
 
 }  // namespace
@@ -56,7 +52,7 @@ uint64_t* HostRendezvous::Slot(int set, int rank) const {
 }
 
 Status HostRendezvous::Start(std::vector<uint64_t>* bits) {
-  if (bits_ != nullptr) {
+  if (in_flight()) {
     return Status::Internal("HostRendezvous: the previous AND is unfinished");
   }
   if (!Fits(static_cast<int64_t>(bits->size()))) {
@@ -81,39 +77,30 @@ Status HostRendezvous::Start(std::vector<uint64_t>* bits) {
 
 Status HostRendezvous::Finish(double max_wait_seconds, bool* done) {
   *done = false;
-  if (bits_ == nullptr) {
+  if (!in_flight()) {
     return Status::Internal("HostRendezvous: no AND was started");
   }
-  using Clock = std::chrono::steady_clock;
-  // Spin briefly (the others usually arrive within microseconds in a
-  // training loop), then sleep until the last arrival wakes us, waking up
-  // every millisecond for the wait hook.
-  constexpr auto kSpin = std::chrono::microseconds(20);
-  constexpr auto kHookEvery = std::chrono::milliseconds(1);
-  const Clock::time_point start = Clock::now();
+  using Clock = PeerWait::Clock;
+  // After PeerWait's spin, sleep until the last arrival wakes us, or until
+  // the next call of the wait hook.
   const bool bounded = max_wait_seconds >= 0;
   const Clock::time_point deadline =
-      bounded ? start + std::chrono::duration_cast<Clock::duration>(
-                            std::chrono::duration<double>(max_wait_seconds))
+      bounded ? Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(
+                                       max_wait_seconds))
               : Clock::time_point::max();
-  Clock::time_point next_hook = start + kHookEvery;
+  PeerWait wait(wait_hook_);
   auto complete = [this] {
     return __atomic_load_n(completed_, __ATOMIC_ACQUIRE) != completed_before_;
   };
   while (!complete()) {
-    const Clock::time_point now = Clock::now();
-    if (bounded && now >= deadline) return Status::Ok();  // not yet
-    if (now - start < kSpin) {
-      for (int i = 0; i < 16; ++i) CpuRelax();
-      continue;
-    }
-    if (now >= next_hook) {
-      next_hook = now + kHookEvery;
-      if (wait_hook_) MPISTRATEGY_RETURN_IF_ERROR(wait_hook_());
-    }
+    bool spinning = false;
+    MPISTRATEGY_RETURN_IF_ERROR(wait.Pass(&spinning));
+    if (bounded && wait.now() >= deadline) return Status::Ok();  // not yet
+    if (spinning) continue;
     FutexWait(completed_, completed_before_,
               std::chrono::duration_cast<std::chrono::nanoseconds>(
-                  std::min(next_hook, deadline) - now));
+                  std::min(wait.next_hook(), deadline) - wait.now()));
   }
   const int set = static_cast<int>(ands_ % 2);
   std::vector<uint64_t>& bits = *bits_;

@@ -61,6 +61,8 @@ class HostRendezvous {
 
   // Whether a vector of `words` words goes through shared memory.
   bool Fits(int64_t words) const { return words <= kMaxWords; }
+  // Between Start and the Finish that reports it done.
+  bool in_flight() const { return bits_ != nullptr; }
 
   // Starts the AND of `bits` (Fits(bits->size()), the same length on
   // every rank) with every rank's; `bits` must stay alive until Finish

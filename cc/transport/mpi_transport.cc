@@ -324,15 +324,14 @@ Status MpiTransport::BitwiseAnd(std::vector<uint64_t>* bits) {
 Status MpiTransport::StartBitwiseAnd(std::vector<uint64_t>* bits) {
   MPISTRATEGY_RETURN_IF_ERROR(
       CheckIntRange(static_cast<int64_t>(bits->size()), "bit vector length"));
-  if (and_request_ != MPI_REQUEST_NULL || and_on_host_) {
+  if (and_request_ != MPI_REQUEST_NULL ||
+      (host_and_ != nullptr && host_and_->in_flight())) {
     return Status::Internal("StartBitwiseAnd: the previous one is unfinished");
   }
   // Every rank's vector has the same length, so every rank picks alike.
   if (host_and_ != nullptr &&
       host_and_->Fits(static_cast<int64_t>(bits->size()))) {
-    MPISTRATEGY_RETURN_IF_ERROR(host_and_->Start(bits));
-    and_on_host_ = true;
-    return Status::Ok();
+    return host_and_->Start(bits);
   }
   // This is the per-cycle rendezvous, so ranks often reach it far apart (an
   // idle rank wakes up every cycle_time_ms).  A blocking MPI_Allreduce would
@@ -347,10 +346,8 @@ Status MpiTransport::StartBitwiseAnd(std::vector<uint64_t>* bits) {
 
 Status MpiTransport::FinishBitwiseAnd(double max_wait_seconds, bool* done) {
   *done = false;
-  if (and_on_host_) {
-    MPISTRATEGY_RETURN_IF_ERROR(host_and_->Finish(max_wait_seconds, done));
-    if (*done) and_on_host_ = false;
-    return Status::Ok();
+  if (host_and_ != nullptr && host_and_->in_flight()) {
+    return host_and_->Finish(max_wait_seconds, done);
   }
   if (and_request_ == MPI_REQUEST_NULL) {
     return Status::Internal("FinishBitwiseAnd: none was started");

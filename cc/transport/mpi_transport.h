@@ -111,7 +111,6 @@ class MpiTransport : public Transport {
   // Where every rank shares one host and its ShmPlane: the AND through
   // shared memory instead (host_rendezvous.h), from CreateHostPlane on.
   std::unique_ptr<HostRendezvous> host_and_;
-  bool and_on_host_ = false;  // the AND in flight went to host_and_
   // MPI_Ibcast in chunks of at most INT_MAX bytes, each WaitPolitely.
   Status BroadcastPolled(void* buffer, int64_t bytes, int root_rank);
   // MPI datatype and op for (dtype, op).

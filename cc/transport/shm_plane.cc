@@ -20,6 +20,7 @@
 
 #include "cc/common/checks.h"
 #include "cc/common/reduce_kernels.h"
+#include "cc/transport/peer_wait.h"
 
 namespace mpistrategy {
 
@@ -51,12 +52,6 @@ Status CheckMean(DataType dtype, ReduceOp op) {
                                    " values (mean needs a floating dtype)");
   }
   return Status::Ok();
-}
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
 }
 
 std::string Errno(const std::string& what, int error) {
@@ -283,35 +278,18 @@ Status ShmPlane::Barrier() {
                                        kLine * (rank + 1));
   };
   __atomic_store_n(counter(rank_), barriers_, __ATOMIC_RELEASE);
-  using Clock = std::chrono::steady_clock;
-  // Spin while the peers are likely running and about to arrive; then give
-  // the core away (a peer may be waiting for it), first by yielding, then
-  // by sleeping longer and longer.
-  constexpr auto kSpin = std::chrono::microseconds(20);
+  // After PeerWait's spin, give the core away (a peer may be waiting for
+  // it), first by yielding, then by sleeping longer and longer.
   constexpr auto kYield = std::chrono::microseconds(300);
   constexpr auto kMaxSleep = std::chrono::microseconds(200);
-  constexpr auto kHookEvery = std::chrono::milliseconds(1);
-  Clock::time_point start;
-  Clock::time_point next_hook;
-  bool waited = false;
+  PeerWait wait(wait_hook_);
   auto sleep = std::chrono::microseconds(5);
   for (int q = 0; q < size_; ++q) {
     while (__atomic_load_n(counter(q), __ATOMIC_ACQUIRE) < barriers_) {
-      const Clock::time_point now = Clock::now();
-      if (!waited) {
-        waited = true;
-        start = now;
-        next_hook = now + kHookEvery;
-      }
-      if (now - start < kSpin) {
-        for (int i = 0; i < 16; ++i) CpuRelax();
-        continue;
-      }
-      if (now >= next_hook) {
-        next_hook = now + kHookEvery;
-        if (wait_hook_) MPISTRATEGY_RETURN_IF_ERROR(wait_hook_());
-      }
-      if (now - start < kYield) {
+      bool spinning = false;
+      MPISTRATEGY_RETURN_IF_ERROR(wait.Pass(&spinning));
+      if (spinning) continue;
+      if (wait.waited() < kYield) {
         sched_yield();
         continue;
       }
