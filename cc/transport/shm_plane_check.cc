@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -318,19 +319,26 @@ void CheckAlltoall(ShmPlane* plane, Stream* stream) {
   CHECK_TRUE(out == want, "alltoallv");
 }
 
-// Rank 0 waits in a collective the others never enter: the wait hook ends
-// it.  The plane is out of step afterwards.
-void CheckWaitHook(ShmPlane* plane, Stream* stream, MPI_Comm comm) {
-  int calls = 0;
+// A wait hook that counts its calls in *calls and, from 200 ms after it
+// was made, fails with Unavailable("peer gone (test)") as the engine's peer
+// deadline would.
+std::function<Status()> PeerGoneAfter200Ms(int* calls) {
   const auto start = std::chrono::steady_clock::now();
-  plane->SetWaitHook([&calls, start]() -> Status {
-    ++calls;
+  return [calls, start]() -> Status {
+    ++*calls;
     if (std::chrono::steady_clock::now() - start >
         std::chrono::milliseconds(200)) {
       return Status::Unavailable("peer gone (test)");
     }
     return Status::Ok();
-  });
+  };
+}
+
+// Rank 0 waits in a collective the others never enter: the wait hook ends
+// it.  The plane is out of step afterwards.
+void CheckWaitHook(ShmPlane* plane, Stream* stream, MPI_Comm comm) {
+  int calls = 0;
+  plane->SetWaitHook(PeerGoneAfter200Ms(&calls));
   if (plane->rank() == 0) {
     float x = 1;
     Status s = plane->Allreduce(&x, &x, 1, DataType::kFloat32, ReduceOp::kSum,
@@ -387,15 +395,7 @@ void CheckRendezvous(ShmPlane* plane, MPI_Comm comm) {
   // Only rank 0 starts one: its hook ends the wait after 200 ms.
   if (rank == 0) {
     int calls = 0;
-    const auto start = std::chrono::steady_clock::now();
-    rendezvous->SetWaitHook([&calls, start]() -> Status {
-      ++calls;
-      if (std::chrono::steady_clock::now() - start >
-          std::chrono::milliseconds(200)) {
-        return Status::Unavailable("peer gone (test)");
-      }
-      return Status::Ok();
-    });
+    rendezvous->SetWaitHook(PeerGoneAfter200Ms(&calls));
     CHECK_OK(rendezvous->Start(&bits));
     const Status s = rendezvous->Finish(-1.0, &done);
     CHECK_TRUE(s.code() == StatusCode::kUnavailable && !done, "%s",
