@@ -131,7 +131,35 @@ Status ValidatePackedGroup(const TensorEntry& e) {
           std::to_string(packed_elements) + " elements, got shape " +
           ShapeString(e.shape));
     }
+    if (!e.packed_inputs.empty()) {
+      if (e.packed_inputs.size() != e.packed_shapes.size() ||
+          e.device != kCpuDevice) {
+        return Status::InvalidArgument(
+            Describe(e) + ": packed_inputs need a CPU group with one input "
+            "per packed shape (" + std::to_string(e.packed_inputs.size()) +
+            " inputs, " + std::to_string(e.packed_shapes.size()) +
+            " shapes)");
+      }
+      const std::vector<DataType> dtypes(e.packed_shapes.size(), e.dtype);
+      if (PackedGroupLayout(dtypes, e.packed_shapes).total_bytes >
+          NumElements(e.shape) * DataTypeSize(e.dtype)) {
+        return Status::InvalidArgument(
+            Describe(e) + ": the packed layout of packed_inputs does not fit "
+            "shape " + ShapeString(e.shape));
+      }
+      for (size_t i = 0; i < e.packed_inputs.size(); ++i) {
+        if (e.packed_inputs[i] == nullptr &&
+            NumElements(e.packed_shapes[i]) > 0) {
+          return Status::InvalidArgument(Describe(e) + ": packed input " +
+                                         std::to_string(i) + " is null");
+        }
+      }
+    }
     return Status::Ok();
+  }
+  if (!e.packed_inputs.empty()) {
+    return Status::InvalidArgument(
+        Describe(e) + ": packed_inputs need a group of one dtype");
   }
   if (e.type != CollectiveType::kAllreduce ||
       e.packed_dtypes.size() != e.packed_shapes.size() ||
@@ -199,7 +227,8 @@ Status ValidateEntry(const TensorEntry& e, int rank, int size) {
         "bfloat16, float32, float64), got " + DataTypeName(e.dtype) +
         "; use sum and divide");
   }
-  if (!e.packed_shapes.empty() || !e.packed_dtypes.empty()) {
+  if (!e.packed_shapes.empty() || !e.packed_dtypes.empty() ||
+      !e.packed_inputs.empty()) {
     MPISTRATEGY_RETURN_IF_ERROR(ValidatePackedGroup(e));
   }
   const bool needs_dim0 = e.type == CollectiveType::kAllgather ||
@@ -227,7 +256,8 @@ Status ValidateEntry(const TensorEntry& e, int rank, int size) {
   }
   const bool needs_input =
       e.type != CollectiveType::kBroadcast || e.root_rank == rank;
-  if (needs_input && bytes > 0 && e.input == nullptr) {
+  if (needs_input && bytes > 0 && e.input == nullptr &&
+      e.packed_inputs.empty()) {
     return Status::InvalidArgument(Describe(e) + ": `input` is null");
   }
   if (e.type == CollectiveType::kAlltoall && !e.splits.empty()) {

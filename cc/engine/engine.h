@@ -56,6 +56,14 @@ struct TensorEntry {
   // tensor.  Empty for single-dtype groups (the buffer has `dtype`).  Never
   // fused with other entries.
   std::vector<DataType> packed_dtypes;
+  // With packed_shapes of one dtype, on the CPU: where each tensor of the
+  // group still is, in order, when the kernel left the packing to the engine
+  // (`input` is null then, and `output` is the packed buffer).  The engine
+  // copies them into `output` at their PackedGroupLayout offsets before
+  // reducing it in place, or, on a data plane that reduces_parts(), reduces
+  // them from where they are into those offsets, which saves that copy.
+  // Not owned; valid until `done` runs; null for 0-size tensors.
+  std::vector<const void*> packed_inputs;
   int32_t device = kCpuDevice;
   // GPU entries (device != kCpuDevice): the op's stream and GPU; null for
   // CPU entries.  See device.h.

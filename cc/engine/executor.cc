@@ -32,6 +32,27 @@ namespace {
 // Device buffers grow in steps of this many bytes.
 constexpr int64_t kBufferGranularity = int64_t{1} << 20;
 
+// Calls gap(byte offset, bytes) for every stretch of `e`'s packed buffer
+// between its group's tensors (and after the last), and
+// member(i, byte offset, bytes) for tensor i, in buffer order; `e` has
+// packed_inputs, so its group has one dtype and the tensors lie in order.
+template <typename GapFn, typename MemberFn>
+void ForEachPackedPiece(const TensorEntry& e, GapFn gap, MemberFn member) {
+  const std::vector<DataType> dtypes(e.packed_shapes.size(), e.dtype);
+  const PackedLayout layout = PackedGroupLayout(dtypes, e.packed_shapes);
+  const int64_t esize = DataTypeSize(e.dtype);
+  int64_t at = 0;
+  for (size_t i = 0; i < e.packed_shapes.size(); ++i) {
+    const int64_t offset = layout.byte_offsets[i];
+    const int64_t bytes = NumElements(e.packed_shapes[i]) * esize;
+    if (offset > at) gap(at, offset - at);
+    if (bytes > 0) member(static_cast<int>(i), offset, bytes);
+    at = std::max(at, offset + bytes);
+  }
+  const int64_t total = NumElements(e.shape) * esize;
+  if (total > at) gap(at, total - at);
+}
+
 }  // namespace
 
 Executor::Executor(Transport* transport, bool hierarchical_allreduce,
@@ -233,7 +254,14 @@ Status Executor::Allreduce(const Bucket& bucket,
   if (responses.size() == 1 && !first.packed_dtypes.empty()) {
     return AllreduceMixedPack(bucket, first, entries[0]);
   }
-  if (responses.size() == 1) {
+  const bool host = stream->host_synchronous();
+  const bool takes_parts = host && plane->reduces_parts();
+  if (!takes_parts) {
+    for (TensorEntry* e : entries) {
+      if (!e->packed_inputs.empty()) PackInputs(e);
+    }
+  }
+  if (responses.size() == 1 && entries[0]->packed_inputs.empty()) {
     // The big-tensor path: straight from input to output, no copies.
     TensorEntry* e = entries[0];
     const int64_t count = NumElements(first.shapes[0]);
@@ -243,7 +271,6 @@ Status Executor::Allreduce(const Bucket& bucket,
   const int64_t element_size = DataTypeSize(dtype);
   int64_t total = 0;
   for (const Response* r : responses) total += NumElements(r->shapes[0]);
-  const bool host = stream->host_synchronous();
   if (total == 0) {
     if (timeline_ != nullptr && host) {
       const double now = timeline_->Now();
@@ -252,12 +279,17 @@ Status Executor::Allreduce(const Bucket& bucket,
     }
     return Status::Ok();
   }
-  if (host && plane->reduces_parts()) {
-    // The plane reads and writes the tensors itself: no fusion buffer.
+  if (takes_parts) {
+    // The plane reads and writes the tensors itself: no fusion buffer, and
+    // a group the kernel did not pack is reduced from where its tensors are.
     parts_.clear();
     for (size_t k = 0; k < responses.size(); ++k) {
-      parts_.push_back({entries[k]->input, entries[k]->output,
-                        NumElements(responses[k]->shapes[0])});
+      if (entries[k]->packed_inputs.empty()) {
+        parts_.push_back({entries[k]->input, entries[k]->output,
+                          NumElements(responses[k]->shapes[0])});
+      } else {
+        AppendPackedParts(entries[k]);
+      }
     }
     const double t0 = timeline_ != nullptr ? timeline_->Now() : 0.0;
     MPISTRATEGY_RETURN_IF_ERROR(
@@ -315,6 +347,34 @@ Status Executor::Allreduce(const Bucket& bucket,
     Trace(kTimelineMemcpyOut, responses, entries, t2, t3);
   }
   return Status::Ok();
+}
+
+void Executor::PackInputs(TensorEntry* entry) {
+  char* buffer = static_cast<char*>(entry->output);
+  ForEachPackedPiece(
+      *entry,
+      [buffer](int64_t offset, int64_t bytes) {
+        std::memset(buffer + offset, 0, bytes);
+      },
+      [buffer, entry](int i, int64_t offset, int64_t bytes) {
+        std::memcpy(buffer + offset, entry->packed_inputs[i], bytes);
+      });
+  entry->input = entry->output;
+  entry->packed_inputs.clear();
+}
+
+void Executor::AppendPackedParts(TensorEntry* entry) {
+  char* buffer = static_cast<char*>(entry->output);
+  const int64_t esize = DataTypeSize(entry->dtype);
+  // Only the tensors: the gaps are never read.  The other ranks append the
+  // same parts (reduces_parts() is the same on every rank), so every rank's
+  // plane call covers the same elements.
+  ForEachPackedPiece(
+      *entry, [](int64_t, int64_t) {},
+      [this, buffer, entry, esize](int i, int64_t offset, int64_t bytes) {
+        parts_.push_back(
+            {entry->packed_inputs[i], buffer + offset, bytes / esize});
+      });
 }
 
 Status Executor::AllreduceMixedPack(const Bucket& bucket,

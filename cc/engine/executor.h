@@ -116,6 +116,13 @@ class Executor {
   Status Allreduce(const Bucket& bucket,
                    const std::vector<const Response*>& responses,
                    const std::vector<TensorEntry*>& entries);
+  // A group whose kernel left the packing to the engine
+  // (TensorEntry::packed_inputs): copies its tensors into its output at
+  // their packed offsets, zeroes the gaps, and makes it an in-place entry.
+  void PackInputs(TensorEntry* entry);
+  // Appends the parts of such a group to parts_ instead: each tensor from
+  // where it is into its packed offset (the gaps are left alone).
+  void AppendPackedParts(TensorEntry* entry);
   // A group packed by dtype segments (Response::packed_dtypes), in place.
   Status AllreduceMixedPack(const Bucket& bucket, const Response& response,
                             TensorEntry* entry);

@@ -646,6 +646,111 @@ TEST(Negotiation, PackedGroupsCompareTheirTensors) {
   });
 }
 
+// A group whose kernel left the packing to the engine
+// (TensorEntry::packed_inputs), on a data plane that does not reduce parts:
+// the engine copies each tensor to its PackedGroupLayout offset of the
+// output, zeroes the gaps, and reduces the buffer, alone or fused with a
+// plain tensor; the inputs stay as they were.  Local misuse fails naming it.
+TEST(Negotiation, PackedInputsArePackedByTheEngine) {
+  const int n = 3;
+  Cluster c(n);
+  OnEveryRank(n, [&](int rank) {
+    Engine* e = c.engines[rank].get();
+    // Odd sizes: every float32 tensor after the first starts after a gap.
+    const std::vector<Shape> shapes = {{3}, {0}, {2, 5}, {}, {17}};
+    const std::vector<DataType> dtypes(shapes.size(), DataType::kFloat32);
+    const PackedLayout layout = PackedGroupLayout(dtypes, shapes);
+    const int64_t total = layout.total_bytes / 4;
+    std::vector<std::vector<char>> inputs;
+    for (size_t k = 0; k < shapes.size(); ++k) {
+      inputs.push_back(Buffer(DataType::kFloat32, NumElements(shapes[k])));
+      for (int64_t i = 0; i < NumElements(shapes[k]); ++i) {
+        Set(DataType::kFloat32, &inputs[k], i, 10 * k + i + rank);
+      }
+    }
+    const std::vector<std::vector<char>> originals = inputs;
+    std::vector<char> buffer = Buffer(DataType::kFloat32, total);
+    auto group = [&](const std::string& name) {
+      // Garbage where the gaps are: the engine must zero them.
+      std::fill(buffer.begin(), buffer.end(), static_cast<char>(0x7f));
+      TensorEntry t = AllreduceEntry(name, DataType::kFloat32, {total},
+                                     buffer, &buffer);
+      t.input = nullptr;
+      t.packed_shapes = shapes;
+      for (std::vector<char>& in : inputs) {
+        t.packed_inputs.push_back(in.size() > 1 ? in.data() : nullptr);
+      }
+      return t;
+    };
+    auto check = [&]() {
+      for (size_t k = 0; k < shapes.size(); ++k) {
+        for (int64_t i = 0; i < NumElements(shapes[k]); ++i) {
+          EXPECT_EQ(Get(DataType::kFloat32, buffer,
+                        layout.byte_offsets[k] / 4 + i),
+                    n * (10.0 * k + i) + 3)
+              << "tensor " << k << " element " << i;
+        }
+      }
+      // Gaps: 3 floats of the first tensor, then 13 up to the third's
+      // 64-byte offset.
+      for (int64_t i = 3; i < layout.byte_offsets[2] / 4; ++i) {
+        EXPECT_EQ(Get(DataType::kFloat32, buffer, i), 0.0) << "gap " << i;
+      }
+      EXPECT_EQ(inputs, originals);
+    };
+    // Alone, twice (the second call takes the cached fast path).
+    for (int call = 0; call < 2; ++call) {
+      auto f = Submit(e, group("lazy"));
+      Status s = Await(&f);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      check();
+    }
+    // Fused with a plain tensor enqueued in the same group of entries.
+    {
+      std::vector<char> in = Buffer(DataType::kFloat32, 5);
+      std::vector<char> out = Buffer(DataType::kFloat32, 5);
+      for (int i = 0; i < 5; ++i) Set(DataType::kFloat32, &in, i, rank);
+      auto p1 = std::make_shared<std::promise<Status>>();
+      auto p2 = std::make_shared<std::promise<Status>>();
+      std::future<Status> f1 = p1->get_future();
+      std::future<Status> f2 = p2->get_future();
+      std::vector<TensorEntry> entries;
+      entries.push_back(group("lazy/fused"));
+      entries.back().done = [p1](const Status& s) { p1->set_value(s); };
+      entries.push_back(
+          AllreduceEntry("plain/fused", DataType::kFloat32, {5}, in, &out));
+      entries.back().done = [p2](const Status& s) { p2->set_value(s); };
+      e->EnqueueGroup(std::move(entries));
+      Status s = Await(&f1);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      s = Await(&f2);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      check();
+      EXPECT_EQ(Get(DataType::kFloat32, out, 4), 3.0);
+    }
+    // Local misuse, each named.
+    auto expect_invalid = [&](TensorEntry t, const char* words) {
+      auto f = Submit(e, std::move(t));
+      Status s = Await(&f);
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << words;
+      EXPECT_TRUE(Contains(s.message(), words)) << s.message();
+    };
+    TensorEntry t = group("short");
+    t.packed_inputs.pop_back();
+    expect_invalid(std::move(t),
+                   "one input per packed shape (4 inputs, 5 shapes)");
+    t = group("null");
+    t.packed_inputs[2] = nullptr;
+    expect_invalid(std::move(t), "packed input 2 is null");
+    t = group("gpu");
+    t.device = 0;
+    expect_invalid(std::move(t), "need a CPU group");
+    t = group("does-not-fit");
+    t.shape = {total - 1};
+    expect_invalid(std::move(t), "does not fit shape");
+  });
+}
+
 // A group of several dtypes is one byte buffer with a segment per dtype
 // (PackedGroupLayout), reduced segment by segment under one name; groups that
 // differ in a tensor's dtype fail on every rank naming the tensor, whether

@@ -17,6 +17,9 @@ namespace {
 struct CpuDevice {
   struct Op {};
 
+  // Host memory: the engine packs a group or reduces it where it is.
+  static constexpr bool kEngineReadsInputs = true;
+
   static absl::Status Prepare(OpKernelContext* /*ctx*/,
                               const std::string& /*kernel*/, Op* /*op*/) {
     return absl::OkStatus();

@@ -113,6 +113,9 @@ struct GpuDevice {
     int ordinal = 0;
   };
 
+  // Device memory: the kernel packs a group on the op's stream.
+  static constexpr bool kEngineReadsInputs = false;
+
   // DeviceContext -> se::Stream -> CUstream.
   static absl::Status Prepare(OpKernelContext* ctx, const std::string& kernel,
                               Op* op) {

@@ -55,7 +55,8 @@ class DataPlane {
   // True when Allreduce copies its data through memory of its own anyway
   // (shared memory): then the executor hands a fused bucket's tensors to
   // AllreduceParts as they are, because packing them into a fusion buffer
-  // first would add a copy in and a copy out.
+  // first would add a copy in and a copy out.  The same on every rank:
+  // what the executor hands the plane depends on it.
   virtual bool reduces_parts() const { return false; }
   // As Allreduce on the parts laid end to end (one dtype).  Only called
   // when reduces_parts().

@@ -61,6 +61,12 @@ def _results():
       if op is ops.Average and not np.issubdtype(dtype, np.floating):
         continue
       out.append(ops.allreduce(tf.constant(x), op=op).numpy().tobytes())
+  # A group of one dtype: shared memory reduces it where its tensors are.
+  group = [tf.constant((rng.standard_normal(n) * 50).astype(np.float32))
+           for n in (3, 17, 6001, 0, 1)]
+  for op in (ops.Sum, ops.Average, ops.Max):
+    out.extend(y.numpy().tobytes()
+               for y in ops.grouped_allreduce(group, op=op))
   rows = tf.constant(rng.standard_normal((RANK + 3, 7)).astype(np.float32))
   out.append(ops.allgather(rows).numpy().tobytes())
   out.append(ops.broadcast(rows[:2], root_rank=SIZE - 1).numpy().tobytes())
