@@ -1,13 +1,7 @@
 #include "cc/transport/host_rendezvous.h"
 
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
-#include <climits>
-#include <ctime>
 #include <string>
 
 #include "cc/transport/peer_wait.h"
@@ -17,20 +11,6 @@ namespace mpistrategy {
 namespace {
 
 constexpr int64_t kLine = 64;
-
-// Sleeps until *word != expected, a wake-up, or `timeout` (shared between
-// processes: no FUTEX_PRIVATE_FLAG).
-void FutexWait(uint32_t* word, uint32_t expected,
-               std::chrono::nanoseconds timeout) {
-  struct timespec ts;
-  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
-  ts.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
-  syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
-void FutexWakeAll(uint32_t* word) {
-  syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
 
 }  // namespace
 

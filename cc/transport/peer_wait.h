@@ -1,5 +1,6 @@
 // How a wait for the other ranks of the host passes its time, for the waits
-// through shared memory (ShmPlane's barriers, HostRendezvous's AND).
+// through shared memory (ShmPlane's barriers, HostRendezvous's AND), and
+// the futex calls those waits sleep and wake with.
 //
 // It spins for 20 us first: in a training loop the others usually arrive
 // within microseconds, and a longer spin takes the core from a late peer
@@ -14,17 +15,45 @@
 //   if (spinning) continue;
 //   ... give the core away until at most wait.next_hook() ...
 //
+// Give it away by sleeping on a futex that the last rank to arrive wakes,
+// not by yielding or polling: a core whose waiter sleeps goes idle, and the
+// kernel then moves a runnable thread there, such as a late peer's that
+// waits behind TensorFlow's on the other core (ranks may outnumber cores).
+//
 // Thread-compatible.
 
 #ifndef MPISTRATEGY_CC_TRANSPORT_PEER_WAIT_H_
 #define MPISTRATEGY_CC_TRANSPORT_PEER_WAIT_H_
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <climits>
+#include <cstdint>
+#include <ctime>
 #include <functional>
 
 #include "cc/common/common.h"
 
 namespace mpistrategy {
+
+// Sleeps until *word != expected, a wake-up, or `timeout`.  Shared between
+// processes (no FUTEX_PRIVATE_FLAG): `word` may lie in a shared segment.
+inline void FutexWait(uint32_t* word, uint32_t expected,
+                      std::chrono::nanoseconds timeout) {
+  if (timeout.count() <= 0) return;
+  struct timespec ts;
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
+  ts.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
+  syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+// Wakes every process sleeping in FutexWait on `word`.
+inline void FutexWakeAll(uint32_t* word) {
+  syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
 
 class PeerWait {
  public:

@@ -2,7 +2,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -16,7 +15,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <thread>
 
 #include "cc/common/checks.h"
 #include "cc/common/reduce_kernels.h"
@@ -28,6 +26,10 @@ namespace {
 
 constexpr int64_t kPage = 4096;
 constexpr int64_t kLine = 64;
+// The barrier's words at the start of the segment (ShmPlane::Barrier): the
+// arrival counter on one cache line, the futex word and the sleeper count
+// on the next.
+constexpr int64_t kBarrierBytes = 2 * kLine;
 // Allreduces up to this size take the one-barrier path (RunAllreduce);
 // below kShmMinBytesPerRank, so they always fit one slot.
 constexpr int64_t kSmallAllreduceBytes = 16 << 10;
@@ -190,7 +192,7 @@ Status ShmPlane::Create(MPI_Comm comm, int64_t segment_bytes,
   MPISTRATEGY_MPI_CHECK(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   MPISTRATEGY_MPI_CHECK(MPI_Comm_size(comm, &size), "MPI_Comm_size");
   const int64_t header =
-      RoundUp(kLine * (size + 1) + HostRendezvous::AreaBytes(size), kPage);
+      RoundUp(kBarrierBytes + HostRendezvous::AreaBytes(size), kPage);
   const int64_t slot =
       std::max<int64_t>(0, segment_bytes - header) / (2 * size) / kPage * kPage;
   const int64_t total = header + 2 * size * slot;
@@ -261,9 +263,9 @@ ShmPlane::ShmPlane(int rank, int size, void* base, int64_t mapped_bytes,
 ShmPlane::~ShmPlane() = default;
 
 std::unique_ptr<HostRendezvous> ShmPlane::CreateRendezvous() const {
-  // After the barrier counters (lines 1 to size_).
+  // After the barrier's words.
   return std::make_unique<HostRendezvous>(
-      mapping_, static_cast<char*>(base_) + kLine * (size_ + 1), rank_, size_);
+      mapping_, static_cast<char*>(base_) + kBarrierBytes, rank_, size_);
 }
 
 char* ShmPlane::Slot(int rank) const {
@@ -272,30 +274,35 @@ char* ShmPlane::Slot(int rank) const {
 }
 
 Status ShmPlane::Barrier() {
-  ++barriers_;
-  auto counter = [this](int rank) {
-    return reinterpret_cast<uint64_t*>(static_cast<char*>(base_) +
-                                       kLine * (rank + 1));
-  };
-  __atomic_store_n(counter(rank_), barriers_, __ATOMIC_RELEASE);
-  // After PeerWait's spin, give the core away (a peer may be waiting for
-  // it), first by yielding, then by sleeping longer and longer.
-  constexpr auto kYield = std::chrono::microseconds(300);
-  constexpr auto kMaxSleep = std::chrono::microseconds(200);
+  char* const words = static_cast<char*>(base_);
+  uint64_t* const arrivals = reinterpret_cast<uint64_t*>(words);
+  uint32_t* const passed = reinterpret_cast<uint32_t*>(words + kLine);
+  uint32_t* const sleepers = passed + 1;
+  const uint64_t k = ++barriers_;
+  const uint32_t done = static_cast<uint32_t>(k);
+  // The counter's read-modify-writes chain every rank's release, so the
+  // last arrival's store of k publishes every rank's writes to all.
+  if (__atomic_add_fetch(arrivals, 1, __ATOMIC_ACQ_REL) ==
+      k * static_cast<uint64_t>(size_)) {
+    // Sequentially consistent against a sleeper's count-then-check: either
+    // it sees k and does not sleep, or this sees it counted and wakes it.
+    __atomic_store_n(passed, done, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(sleepers, __ATOMIC_SEQ_CST) != 0) FutexWakeAll(passed);
+    return Status::Ok();
+  }
   PeerWait wait(wait_hook_);
-  auto sleep = std::chrono::microseconds(5);
-  for (int q = 0; q < size_; ++q) {
-    while (__atomic_load_n(counter(q), __ATOMIC_ACQUIRE) < barriers_) {
-      bool spinning = false;
-      MPISTRATEGY_RETURN_IF_ERROR(wait.Pass(&spinning));
-      if (spinning) continue;
-      if (wait.waited() < kYield) {
-        sched_yield();
-        continue;
-      }
-      std::this_thread::sleep_for(sleep);
-      sleep = std::min(sleep * 2, kMaxSleep);
+  while (__atomic_load_n(passed, __ATOMIC_ACQUIRE) != done) {
+    bool spinning = false;
+    MPISTRATEGY_RETURN_IF_ERROR(wait.Pass(&spinning));
+    if (spinning) continue;
+    __atomic_add_fetch(sleepers, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(passed, __ATOMIC_SEQ_CST) != done) {
+      // Until then the word still holds the previous barrier's number.
+      FutexWait(passed, done - 1,
+                std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    wait.next_hook() - wait.now()));
     }
+    __atomic_sub_fetch(sleepers, 1, __ATOMIC_SEQ_CST);
   }
   return Status::Ok();
 }

@@ -7,7 +7,7 @@
 // the host's slowest rank) can leave one behind; the next job's creator on
 // the host removes it (RemoveAbandonedShmSegments).
 //
-// The segment holds one arrival counter per rank, the area of the
+// The segment holds the barrier's words, the area of the
 // negotiation's rendezvous (host_rendezvous.h) and two sets of one slot per
 // rank.  A collective moves its data in rounds of at most a slot per
 // rank, alternating the sets, so that a round's writes never touch the set
@@ -24,12 +24,13 @@
 // Alltoallv is not done in shared memory: it goes to the `fallback` plane
 // (MPI), whose ranks must be this plane's ranks.
 //
-// A barrier is a counter per rank that only grows: a rank stores how many
-// barriers it has reached and waits for the others' counters to reach it,
-// spinning briefly, then yielding the core and sleeping with a growing
-// back-off (ranks may outnumber cores), and calling the wait hook every
-// millisecond or so: a non-OK status from it ends the wait, so the engine's
-// peer monitor ends a collective whose peer died.
+// A barrier is one arrival counter that only grows and a futex word with
+// the number of the last barrier every rank has passed (mod 2^32): the
+// last rank to arrive stores it and wakes the sleepers.  The others spin
+// briefly, then sleep on the word (ranks may outnumber cores; see
+// peer_wait.h), calling the wait hook every millisecond or so: a non-OK
+// status from it ends the wait, so the engine's peer monitor ends a
+// collective whose peer died.
 
 #ifndef MPISTRATEGY_CC_TRANSPORT_SHM_PLANE_H_
 #define MPISTRATEGY_CC_TRANSPORT_SHM_PLANE_H_

@@ -11,6 +11,7 @@
 // rank prints "rank R: PASS" (exit 0) or the failures (exit 1).
 
 #include <dirent.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -351,6 +352,42 @@ void CheckWaitHook(ShmPlane* plane, Stream* stream, MPI_Comm comm) {
   MPI_Barrier(comm);
 }
 
+// Voluntary context switches of the calling thread so far.
+long VoluntarySwitches() {
+  struct rusage usage;
+  getrusage(RUSAGE_THREAD, &usage);
+  return usage.ru_nvcsw;
+}
+
+// Each rank in turn arrives 100 ms late at an allreduce, small (one
+// barrier) and over shares (two): the others sleep until it arrives, waking
+// about once a millisecond (when the wait hook is due), not polling.
+void CheckLatePeerSleeps(ShmPlane* plane, Stream* stream, MPI_Comm comm) {
+  const int rank = plane->rank();
+  const int n = plane->size();
+  for (int late = 0; late < n; ++late) {
+    for (int64_t count : {int64_t{1}, int64_t{1} << 16}) {
+      std::vector<float> x(count, static_cast<float>(rank + 1));
+      MPI_Barrier(comm);
+      if (rank == late) usleep(100000);
+      const long before = VoluntarySwitches();
+      CHECK_OK(plane->Allreduce(x.data(), x.data(), count,
+                                DataType::kFloat32, ReduceOp::kSum, stream));
+      const long switches = VoluntarySwitches() - before;
+      const float want = n * (n + 1) / 2.0f;
+      CHECK_TRUE(x[0] == want && x[count - 1] == want,
+                 "late rank %d, %lld floats: got %g want %g", late,
+                 static_cast<long long>(count), x[0], want);
+      if (rank != late) {
+        CHECK_TRUE(switches <= 150,
+                   "waiting 100 ms for rank %d (%lld floats) took %ld "
+                   "voluntary context switches (about 100 expected)",
+                   late, static_cast<long long>(count), switches);
+      }
+    }
+  }
+}
+
 // The negotiation's AND through the segment (HostRendezvous): vectors of
 // every length it takes, ranks arriving late in turn, compared with MPI's
 // AND; a bounded wait reports "not yet" while a rank is late, and a wait
@@ -501,6 +538,7 @@ int Main(int argc, char** argv) {
       CHECK_TRUE(bad < 0, "large allreduce: element %lld",
                  static_cast<long long>(bad));
     }
+    CheckLatePeerSleeps(plane.get(), &stream, comm);
     CheckRendezvous(plane.get(), comm);
     CheckWaitHook(small.get(), &stream, comm);
   }
