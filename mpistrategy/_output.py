@@ -299,7 +299,8 @@ def main(argv=None):
   if os.WIFSIGNALED(status):
     signum = os.WTERMSIG(status)
     sys.stderr.flush()
-    signal.signal(signum, signal.SIG_DFL)
+    if signum != signal.SIGKILL:  # SIGKILL takes no handler: nothing to reset
+      signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)  # die of the same signal, as the shell does
     return 128 + signum
   return os.WEXITSTATUS(status)
