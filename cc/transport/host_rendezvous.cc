@@ -8,22 +8,15 @@
 
 namespace mpistrategy {
 
-namespace {
-
-constexpr int64_t kLine = 64;
-
-}  // namespace
-
 int64_t HostRendezvous::AreaBytes(int size) {
-  return 2 * kLine + 2 * static_cast<int64_t>(size) * kMaxWords * 8;
+  return HostRounds::kBytes + 2 * static_cast<int64_t>(size) * kMaxWords * 8;
 }
 
 HostRendezvous::HostRendezvous(std::shared_ptr<void> mapping, char* area,
                                int rank, int size)
     : mapping_(std::move(mapping)),
-      arrived_(reinterpret_cast<uint64_t*>(area)),
-      completed_(reinterpret_cast<uint32_t*>(area + kLine)),
-      slots_(reinterpret_cast<uint64_t*>(area + 2 * kLine)),
+      rounds_(area, size),
+      slots_(reinterpret_cast<uint64_t*>(area + HostRounds::kBytes)),
       rank_(rank),
       size_(size) {}
 
@@ -40,18 +33,10 @@ Status HostRendezvous::Start(std::vector<uint64_t>* bits) {
                             std::to_string(bits->size()) + " words, more than " +
                             std::to_string(kMaxWords));
   }
-  const uint64_t k = ++ands_;
+  const uint64_t k = rounds_.arrived() + 1;
   std::copy(bits->begin(), bits->end(), Slot(static_cast<int>(k % 2), rank_));
-  completed_before_ = static_cast<uint32_t>(k - 1);
   bits_ = bits;
-  // The counter's read-modify-writes chain every rank's release, so the
-  // last arrival sees every slot; its store of k publishes them to all.
-  const uint64_t arrived =
-      __atomic_add_fetch(arrived_, 1, __ATOMIC_ACQ_REL);
-  if (arrived == k * static_cast<uint64_t>(size_)) {
-    __atomic_store_n(completed_, static_cast<uint32_t>(k), __ATOMIC_RELEASE);
-    FutexWakeAll(completed_);
-  }
+  rounds_.Arrive();
   return Status::Ok();
 }
 
@@ -61,28 +46,15 @@ Status HostRendezvous::Finish(double max_wait_seconds, bool* done) {
     return Status::Internal("HostRendezvous: no AND was started");
   }
   using Clock = PeerWait::Clock;
-  // After PeerWait's spin, sleep until the last arrival wakes us, or until
-  // the next call of the wait hook.
-  const bool bounded = max_wait_seconds >= 0;
   const Clock::time_point deadline =
-      bounded ? Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                   std::chrono::duration<double>(
-                                       max_wait_seconds))
-              : Clock::time_point::max();
-  PeerWait wait(wait_hook_);
-  auto complete = [this] {
-    return __atomic_load_n(completed_, __ATOMIC_ACQUIRE) != completed_before_;
-  };
-  while (!complete()) {
-    bool spinning = false;
-    MPISTRATEGY_RETURN_IF_ERROR(wait.Pass(&spinning));
-    if (bounded && wait.now() >= deadline) return Status::Ok();  // not yet
-    if (spinning) continue;
-    FutexWait(completed_, completed_before_,
-              std::chrono::duration_cast<std::chrono::nanoseconds>(
-                  std::min(wait.next_hook(), deadline) - wait.now()));
-  }
-  const int set = static_cast<int>(ands_ % 2);
+      max_wait_seconds >= 0
+          ? Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                               std::chrono::duration<double>(max_wait_seconds))
+          : Clock::time_point::max();
+  bool complete = false;
+  MPISTRATEGY_RETURN_IF_ERROR(rounds_.Wait(deadline, wait_hook_, &complete));
+  if (!complete) return Status::Ok();  // not yet
+  const int set = static_cast<int>(rounds_.arrived() % 2);
   std::vector<uint64_t>& bits = *bits_;
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;  // bits already holds this rank's

@@ -9,13 +9,11 @@
 // rank sleeps on a futex in the segment that the last rank to arrive wakes,
 // so it wakes once, when the result is there.
 //
-// Layout (inside the segment's header, zero when created): an arrival
-// counter, a futex word holding the number of the last completed AND (mod
-// 2^32), and two sets of one bit-vector slot per rank.  The AND number k
-// writes its slot in set k % 2 and counts its arrival; the k-th AND is
-// complete when the counter reaches k * size, and its last arrival stores k
-// in the futex word and wakes the waiters; each rank then ANDs the slots
-// itself.  No rank can start AND k + 2 (and overwrite set k % 2) before
+// Layout (inside the segment's header, zero when created): the words of a
+// HostRounds (peer_wait.h), one round per AND, and two sets of one
+// bit-vector slot per rank.  The AND number k writes its slot in set k % 2
+// and arrives at round k; once the round is complete (its last arrival
+// wakes the sleepers) each rank ANDs the slots itself.  No rank can start AND k + 2 (and overwrite set k % 2) before
 // every rank has arrived at k + 1, that is, has finished reading AND k.
 //
 // A waiting rank calls the wait hook about every millisecond; a non-OK
@@ -32,6 +30,7 @@
 #include <vector>
 
 #include "cc/common/common.h"
+#include "cc/transport/peer_wait.h"
 
 namespace mpistrategy {
 
@@ -76,14 +75,11 @@ class HostRendezvous {
   uint64_t* Slot(int set, int rank) const;
 
   const std::shared_ptr<void> mapping_;
-  uint64_t* const arrived_;
-  uint32_t* const completed_;  // the futex word
+  HostRounds rounds_;  // one per AND
   uint64_t* const slots_;
   const int rank_;
   const int size_;
   std::function<Status()> wait_hook_;
-  uint64_t ands_ = 0;            // ANDs this rank has started
-  uint32_t completed_before_ = 0;  // the futex word before this AND completes
   std::vector<uint64_t>* bits_ = nullptr;  // the AND in flight
 };
 

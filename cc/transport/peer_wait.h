@@ -1,6 +1,6 @@
-// How a wait for the other ranks of the host passes its time, for the waits
-// through shared memory (ShmPlane's barriers, HostRendezvous's AND), and
-// the futex calls those waits sleep and wake with.
+// How the ranks of one host wait for each other through shared memory
+// (ShmPlane's barriers, HostRendezvous's AND): HostRounds, the rounds they
+// pass together, and PeerWait, how a wait for a round passes its time.
 //
 // It spins for 20 us first: in a training loop the others usually arrive
 // within microseconds, and a longer spin takes the core from a late peer
@@ -29,6 +29,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdint>
@@ -38,6 +39,10 @@
 #include "cc/common/common.h"
 
 namespace mpistrategy {
+
+// The cache line, the unit of layout in the shared segment: words that
+// different ranks write lie on different lines.
+constexpr int64_t kCacheLineBytes = 64;
 
 // Sleeps until *word != expected, a wake-up, or `timeout`.  Shared between
 // processes (no FUTEX_PRIVATE_FLAG): `word` may lie in a shared segment.
@@ -105,6 +110,82 @@ class PeerWait {
   Clock::time_point start_;
   Clock::time_point now_;
   Clock::time_point next_hook_;
+};
+
+// Rounds that every rank of the host passes together, kept in kBytes of
+// shared memory: an arrival counter on one cache line and, on the next, a
+// futex word with the number of the last completed round (mod 2^32) beside
+// a count of the ranks asleep on it.  Round k is complete when the counter
+// reaches k * size; its last arrival stores k and wakes the sleepers.  The
+// counter's read-modify-writes chain every rank's release, so that store
+// publishes what every rank wrote before arriving to every rank that sees
+// the round complete.
+//
+// Thread-compatible: one rank's arrivals and waits come one at a time.
+class HostRounds {
+ public:
+  static constexpr int64_t kBytes = 2 * kCacheLineBytes;
+
+  // `words`: kBytes of the segment, line-aligned, zero before any rank's
+  // first arrival.  `size`: the ranks that pass each round.
+  HostRounds(char* words, int size)
+      : arrivals_(reinterpret_cast<uint64_t*>(words)),
+        completed_(reinterpret_cast<uint32_t*>(words + kCacheLineBytes)),
+        sleepers_(completed_ + 1),
+        size_(size) {}
+
+  // Rounds this rank has arrived at; the last one is the one it may wait
+  // for.
+  uint64_t arrived() const { return arrived_; }
+
+  // Counts this rank's arrival at its next round.
+  void Arrive() {
+    const uint64_t k = ++arrived_;
+    if (__atomic_add_fetch(arrivals_, 1, __ATOMIC_ACQ_REL) ==
+        k * static_cast<uint64_t>(size_)) {
+      // Sequentially consistent against a sleeper's count-then-check:
+      // either it sees k and does not sleep, or this sees it counted and
+      // wakes it.
+      __atomic_store_n(completed_, static_cast<uint32_t>(k), __ATOMIC_SEQ_CST);
+      if (__atomic_load_n(sleepers_, __ATOMIC_SEQ_CST) != 0) {
+        FutexWakeAll(completed_);
+      }
+    }
+  }
+
+  // Waits for the round this rank last arrived at to complete: spins, then
+  // sleeps on the futex word, with `hook` called as PeerWait does.  Returns
+  // with *complete false at `deadline` (time_point::max(): none), or the
+  // hook's error.
+  Status Wait(PeerWait::Clock::time_point deadline,
+              const std::function<Status()>& hook, bool* complete) {
+    // Until then the word holds the previous round's number: no rank can
+    // complete a later round before this one has arrived at it.
+    const uint32_t round = static_cast<uint32_t>(arrived_);
+    PeerWait wait(hook);
+    while (!(*complete = __atomic_load_n(completed_, __ATOMIC_ACQUIRE) ==
+                         round)) {
+      bool spinning = false;
+      MPISTRATEGY_RETURN_IF_ERROR(wait.Pass(&spinning));
+      if (wait.now() >= deadline) return Status::Ok();  // not yet
+      if (spinning) continue;
+      __atomic_add_fetch(sleepers_, 1, __ATOMIC_SEQ_CST);
+      if (__atomic_load_n(completed_, __ATOMIC_SEQ_CST) != round) {
+        FutexWait(completed_, round - 1,
+                  std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::min(wait.next_hook(), deadline) - wait.now()));
+      }
+      __atomic_sub_fetch(sleepers_, 1, __ATOMIC_SEQ_CST);
+    }
+    return Status::Ok();
+  }
+
+ private:
+  uint64_t* const arrivals_;
+  uint32_t* const completed_;  // the futex word
+  uint32_t* const sleepers_;
+  const int size_;
+  uint64_t arrived_ = 0;
 };
 
 }  // namespace mpistrategy

@@ -25,11 +25,6 @@ namespace mpistrategy {
 namespace {
 
 constexpr int64_t kPage = 4096;
-constexpr int64_t kLine = 64;
-// The barrier's words at the start of the segment (ShmPlane::Barrier): the
-// arrival counter on one cache line, the futex word and the sleeper count
-// on the next.
-constexpr int64_t kBarrierBytes = 2 * kLine;
 // Allreduces up to this size take the one-barrier path (RunAllreduce);
 // below kShmMinBytesPerRank, so they always fit one slot.
 constexpr int64_t kSmallAllreduceBytes = 16 << 10;
@@ -192,7 +187,7 @@ Status ShmPlane::Create(MPI_Comm comm, int64_t segment_bytes,
   MPISTRATEGY_MPI_CHECK(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   MPISTRATEGY_MPI_CHECK(MPI_Comm_size(comm, &size), "MPI_Comm_size");
   const int64_t header =
-      RoundUp(kBarrierBytes + HostRendezvous::AreaBytes(size), kPage);
+      RoundUp(HostRounds::kBytes + HostRendezvous::AreaBytes(size), kPage);
   const int64_t slot =
       std::max<int64_t>(0, segment_bytes - header) / (2 * size) / kPage * kPage;
   const int64_t total = header + 2 * size * slot;
@@ -255,6 +250,7 @@ ShmPlane::ShmPlane(int rank, int size, void* base, int64_t mapped_bytes,
       size_(size),
       mapping_(base, [mapped_bytes](void* p) { munmap(p, mapped_bytes); }),
       base_(base),
+      barriers_(static_cast<char*>(base), size),
       header_bytes_(header_bytes),
       slot_bytes_(slot_bytes),
       fallback_(fallback),
@@ -265,7 +261,7 @@ ShmPlane::~ShmPlane() = default;
 std::unique_ptr<HostRendezvous> ShmPlane::CreateRendezvous() const {
   // After the barrier's words.
   return std::make_unique<HostRendezvous>(
-      mapping_, static_cast<char*>(base_) + kBarrierBytes, rank_, size_);
+      mapping_, static_cast<char*>(base_) + HostRounds::kBytes, rank_, size_);
 }
 
 char* ShmPlane::Slot(int rank) const {
@@ -274,37 +270,10 @@ char* ShmPlane::Slot(int rank) const {
 }
 
 Status ShmPlane::Barrier() {
-  char* const words = static_cast<char*>(base_);
-  uint64_t* const arrivals = reinterpret_cast<uint64_t*>(words);
-  uint32_t* const passed = reinterpret_cast<uint32_t*>(words + kLine);
-  uint32_t* const sleepers = passed + 1;
-  const uint64_t k = ++barriers_;
-  const uint32_t done = static_cast<uint32_t>(k);
-  // The counter's read-modify-writes chain every rank's release, so the
-  // last arrival's store of k publishes every rank's writes to all.
-  if (__atomic_add_fetch(arrivals, 1, __ATOMIC_ACQ_REL) ==
-      k * static_cast<uint64_t>(size_)) {
-    // Sequentially consistent against a sleeper's count-then-check: either
-    // it sees k and does not sleep, or this sees it counted and wakes it.
-    __atomic_store_n(passed, done, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(sleepers, __ATOMIC_SEQ_CST) != 0) FutexWakeAll(passed);
-    return Status::Ok();
-  }
-  PeerWait wait(wait_hook_);
-  while (__atomic_load_n(passed, __ATOMIC_ACQUIRE) != done) {
-    bool spinning = false;
-    MPISTRATEGY_RETURN_IF_ERROR(wait.Pass(&spinning));
-    if (spinning) continue;
-    __atomic_add_fetch(sleepers, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(passed, __ATOMIC_SEQ_CST) != done) {
-      // Until then the word still holds the previous barrier's number.
-      FutexWait(passed, done - 1,
-                std::chrono::duration_cast<std::chrono::nanoseconds>(
-                    wait.next_hook() - wait.now()));
-    }
-    __atomic_sub_fetch(sleepers, 1, __ATOMIC_SEQ_CST);
-  }
-  return Status::Ok();
+  barriers_.Arrive();
+  bool passed = false;
+  return barriers_.Wait(PeerWait::Clock::time_point::max(), wait_hook_,
+                        &passed);
 }
 
 void ShmPlane::ReduceSlots(const char* const* srcs, char* dst, int64_t count,
@@ -423,7 +392,7 @@ Status ShmPlane::RunAllreduce(const AllreducePart* parts, int num_parts,
   }
   const int64_t chunk = slot_bytes_ / esize;
   // Shares start on cache lines, so no two ranks write one line.
-  const int64_t align = kLine / esize;
+  const int64_t align = kCacheLineBytes / esize;
   for (int64_t done = 0; done < count; done += chunk) {
     const int64_t n = std::min(chunk, count - done);
     const int64_t share = RoundUp((n + size_ - 1) / size_, align);
@@ -525,7 +494,7 @@ Status ShmPlane::Reducescatter(const void* in, void* out,
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
   // Elements of each block per round, a whole number of cache lines.
-  const int64_t align = kLine / esize;
+  const int64_t align = kCacheLineBytes / esize;
   const int64_t per = slot_bytes_ / size_ / esize / align * align;
   const int64_t most = *std::max_element(counts.begin(), counts.end());
   srcs_.resize(size_);

@@ -24,13 +24,11 @@
 // Alltoallv is not done in shared memory: it goes to the `fallback` plane
 // (MPI), whose ranks must be this plane's ranks.
 //
-// A barrier is one arrival counter that only grows and a futex word with
-// the number of the last barrier every rank has passed (mod 2^32): the
-// last rank to arrive stores it and wakes the sleepers.  The others spin
-// briefly, then sleep on the word (ranks may outnumber cores; see
-// peer_wait.h), calling the wait hook every millisecond or so: a non-OK
-// status from it ends the wait, so the engine's peer monitor ends a
-// collective whose peer died.
+// A barrier is a round of the HostRounds at the start of the segment
+// (peer_wait.h): the last rank to arrive wakes the others, who spin
+// briefly, then sleep (ranks may outnumber cores), calling the wait hook
+// every millisecond or so: a non-OK status from it ends the wait, so the
+// engine's peer monitor ends a collective whose peer died.
 
 #ifndef MPISTRATEGY_CC_TRANSPORT_SHM_PLANE_H_
 #define MPISTRATEGY_CC_TRANSPORT_SHM_PLANE_H_
@@ -45,6 +43,7 @@
 
 #include "cc/transport/data_plane.h"
 #include "cc/transport/host_rendezvous.h"
+#include "cc/transport/peer_wait.h"
 
 namespace mpistrategy {
 
@@ -158,11 +157,11 @@ class ShmPlane : public DataPlane {
   // Unmapped when the plane and every rendezvous on it are gone.
   const std::shared_ptr<void> mapping_;
   void* const base_;
+  HostRounds barriers_;  // at the start of the segment
   const int64_t header_bytes_;
   const int64_t slot_bytes_;
   DataPlane* const fallback_;
   std::function<Status()> wait_hook_;
-  uint64_t barriers_ = 0;  // barriers this rank has arrived at
   int set_ = 0;
   // Reused per call.
   std::vector<const char*> srcs_;
