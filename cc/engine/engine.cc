@@ -155,9 +155,24 @@ Status ValidatePackedGroup(const TensorEntry& e) {
         }
       }
     }
+    if (!e.packed_outputs.empty()) {
+      if (e.packed_outputs.size() != e.packed_inputs.size()) {
+        return Status::InvalidArgument(
+            Describe(e) + ": packed_outputs need packed_inputs, one each (" +
+            std::to_string(e.packed_outputs.size()) + " outputs, " +
+            std::to_string(e.packed_inputs.size()) + " inputs)");
+      }
+      for (size_t i = 0; i < e.packed_outputs.size(); ++i) {
+        if (e.packed_outputs[i] == nullptr &&
+            NumElements(e.packed_shapes[i]) > 0) {
+          return Status::InvalidArgument(Describe(e) + ": packed output " +
+                                         std::to_string(i) + " is null");
+        }
+      }
+    }
     return Status::Ok();
   }
-  if (!e.packed_inputs.empty()) {
+  if (!e.packed_inputs.empty() || !e.packed_outputs.empty()) {
     return Status::InvalidArgument(
         Describe(e) + ": packed_inputs need a group of one dtype");
   }
@@ -228,7 +243,7 @@ Status ValidateEntry(const TensorEntry& e, int rank, int size) {
         "; use sum and divide");
   }
   if (!e.packed_shapes.empty() || !e.packed_dtypes.empty() ||
-      !e.packed_inputs.empty()) {
+      !e.packed_inputs.empty() || !e.packed_outputs.empty()) {
     MPISTRATEGY_RETURN_IF_ERROR(ValidatePackedGroup(e));
   }
   const bool needs_dim0 = e.type == CollectiveType::kAllgather ||
@@ -251,7 +266,8 @@ Status ValidateEntry(const TensorEntry& e, int rank, int size) {
   }
   const bool needs_output = e.type == CollectiveType::kAllreduce ||
                             e.type == CollectiveType::kBroadcast;
-  if (needs_output && bytes > 0 && e.output == nullptr) {
+  if (needs_output && bytes > 0 && e.output == nullptr &&
+      e.packed_outputs.empty()) {
     return Status::InvalidArgument(Describe(e) + ": `output` is null");
   }
   const bool needs_input =
@@ -432,6 +448,9 @@ class Engine::Impl {
   EngineStats stats() const;
   bool stopped() const;
   TunedParameters tuned_parameters() const;
+  bool cpu_plane_reduces_parts() const {
+    return cpu_plane_reduces_parts_.load(std::memory_order_acquire);
+  }
   // mpistrategy::DescribeRank(rank, peers_) under mu_ (any thread).
   std::string DescribeRankLocked(int rank) const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -553,6 +572,8 @@ class Engine::Impl {
   // A GPU entry was ever enqueued: cycles stay on the engine thread, whose
   // device and streams the GPU path sets up.
   std::atomic<bool> saw_device_entry_{false};
+  // Set once by the engine thread after the CPU plane is set up.
+  std::atomic<bool> cpu_plane_reduces_parts_{false};
 
   // ---- cycle state: whoever holds cycle_mu_ --------------------------------
   // Cycles run one at a time, in order, on every rank; usually on the engine
@@ -797,6 +818,7 @@ void Engine::Impl::Loop() {
                 : StatusCode::kUnavailable,
             "failed because " + plane.message());
     } else {
+      cpu_plane_reduces_parts_ = executor_.cpu_plane_reduces_parts();
       {
         std::lock_guard<std::mutex> cycle(cycle_mu_);
         cycling_ = true;
@@ -1462,6 +1484,9 @@ int Engine::rank() const { return impl_->rank_; }
 int Engine::size() const { return impl_->size_; }
 int Engine::local_rank() const { return impl_->transport_->local_rank(); }
 int Engine::local_size() const { return impl_->transport_->local_size(); }
+bool Engine::cpu_plane_reduces_parts() const {
+  return impl_->cpu_plane_reduces_parts();
+}
 const EngineConfig& Engine::config() const { return impl_->config_; }
 std::string Engine::DescribeRank(int rank) const {
   return impl_->DescribeRankLocked(rank);

@@ -64,6 +64,13 @@ struct TensorEntry {
   // them from where they are into those offsets, which saves that copy.
   // Not owned; valid until `done` runs; null for 0-size tensors.
   std::vector<const void*> packed_inputs;
+  // With packed_inputs: where each tensor's output is, in order, when the
+  // kernel gave each its own (its input's buffer where TF let it forward
+  // it, so that the tensor is reduced in place) instead of views of
+  // `output` (null then).  Only on an engine whose CPU plane
+  // reduces_parts() (Engine::cpu_plane_reduces_parts).  Not owned; valid
+  // until `done` runs; null for 0-size tensors.
+  std::vector<void*> packed_outputs;
   int32_t device = kCpuDevice;
   // GPU entries (device != kCpuDevice): the op's stream and GPU; null for
   // CPU entries.  See device.h.
@@ -180,6 +187,11 @@ class Engine {
 
   // Thread-safe snapshot of the counters.
   EngineStats stats() const;
+
+  // Thread-safe.  True once the plane of CPU tensors is set up and reduces
+  // tensors where they are (DataPlane::reduces_parts, e.g. shared memory),
+  // so a group's packed_inputs may come with packed_outputs; false before.
+  bool cpu_plane_reduces_parts() const;
 
   // Thread-safe: the fusion parameters in force on this rank.  Rank 0's
   // (which govern every rank from the first negotiation on) or, with

@@ -258,6 +258,12 @@ Status Executor::Allreduce(const Bucket& bucket,
   const bool takes_parts = host && plane->reduces_parts();
   if (!takes_parts) {
     for (TensorEntry* e : entries) {
+      if (!e->packed_outputs.empty()) {
+        return Status::Internal(
+            "group \"" + e->name + "\" has outputs of its own (" +
+            "packed_outputs) on the " + plane->name() +
+            " plane, which does not reduce tensors where they are");
+      }
       if (!e->packed_inputs.empty()) PackInputs(e);
     }
   }
@@ -366,14 +372,16 @@ void Executor::PackInputs(TensorEntry* entry) {
 void Executor::AppendPackedParts(TensorEntry* entry) {
   char* buffer = static_cast<char*>(entry->output);
   const int64_t esize = DataTypeSize(entry->dtype);
+  const bool own_outputs = !entry->packed_outputs.empty();
   // Only the tensors: the gaps are never read.  The other ranks append the
   // same parts (reduces_parts() is the same on every rank), so every rank's
-  // plane call covers the same elements.
+  // plane call covers the same elements, wherever each rank's outputs are.
   ForEachPackedPiece(
       *entry, [](int64_t, int64_t) {},
-      [this, buffer, entry, esize](int i, int64_t offset, int64_t bytes) {
-        parts_.push_back(
-            {entry->packed_inputs[i], buffer + offset, bytes / esize});
+      [this, buffer, entry, esize, own_outputs](int i, int64_t offset,
+                                                int64_t bytes) {
+        void* out = own_outputs ? entry->packed_outputs[i] : buffer + offset;
+        parts_.push_back({entry->packed_inputs[i], out, bytes / esize});
       });
 }
 

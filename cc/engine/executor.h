@@ -57,6 +57,10 @@ class Executor {
   const char* host_plane_name() const {
     return devices_.at(kCpuDevice).plane->name();
   }
+  // Whether the plane of CPU tensors reduces them where they are.
+  bool cpu_plane_reduces_parts() const {
+    return devices_.at(kCpuDevice).plane->reduces_parts();
+  }
 
   // Runs one bucket.  `responses` are the bucket's members (successful
   // responses; more than one only for fused allreduces) and `entries[k]` is
@@ -121,7 +125,8 @@ class Executor {
   // their packed offsets, zeroes the gaps, and makes it an in-place entry.
   void PackInputs(TensorEntry* entry);
   // Appends the parts of such a group to parts_ instead: each tensor from
-  // where it is into its packed offset (the gaps are left alone).
+  // where it is into its packed offset, or into its own output
+  // (packed_outputs); the gaps are left alone.
   void AppendPackedParts(TensorEntry* entry);
   // A group packed by dtype segments (Response::packed_dtypes), in place.
   Status AllreduceMixedPack(const Bucket& bucket, const Response& response,

@@ -266,8 +266,12 @@ void CheckEngine(int round) {
 // one-barrier limit (16 KB), one under it; a plain tensor is fused beside
 // each.  Every tensor must land at its packed offset with the inputs
 // untouched (and, on MPI, the gaps zero), and at np 2 the planes must agree bit for bit
-// (`bits`: empty on the first call, compared on the next).
-void CheckPackedInputs(HostDataPlane plane, std::vector<float>* bits) {
+// (`bits`: empty on the first call, compared on the next).  With
+// `own_outputs` (shared memory only) each tensor has an output of its own
+// instead (TensorEntry::packed_outputs), every other one its input (in
+// place, as when the kernel forwards it).
+void CheckPackedInputs(HostDataPlane plane, bool own_outputs,
+                       std::vector<float>* bits) {
   EngineConfig config;
   config.data_plane = plane;
   config.fusion_threshold_bytes = 1 << 20;
@@ -275,6 +279,25 @@ void CheckPackedInputs(HostDataPlane plane, std::vector<float>* bits) {
   if (!engine) return;
   const int n = engine->size();
   const int r = engine->rank();
+  // Set by the engine thread once its plane is up: after a collective.
+  {
+    std::vector<float> x(4, 1.0f);
+    auto promise = std::make_shared<std::promise<Status>>();
+    auto f = promise->get_future();
+    TensorEntry e;
+    e.name = "packed-inputs/warm-up";
+    e.dtype = DataType::kFloat32;
+    e.shape = {4};
+    e.input = x.data();
+    e.output = x.data();
+    e.done = [promise](const Status& s) { promise->set_value(s); };
+    engine->Enqueue(std::move(e));
+    CHECK_OK(f.get());
+  }
+  CHECK_TRUE(engine->cpu_plane_reduces_parts() ==
+                 (plane == HostDataPlane::kShm),
+             "%s: cpu_plane_reduces_parts() is %d", HostDataPlaneName(plane),
+             engine->cpu_plane_reduces_parts());
   const std::vector<std::vector<Shape>> groups = {
       {{3}, {0}, {17, 5}, {}, {6001}, {1}},  // 24 KB
       {{5}, {7, 2}, {0}, {9}}};              // under 1 KB
@@ -294,6 +317,11 @@ void CheckPackedInputs(HostDataPlane plane, std::vector<float>* bits) {
       }
       const std::vector<std::vector<float>> originals = ins;
       std::vector<float> out(layout.total_bytes / 4, std::nanf(""));
+      // own_outputs: tensor k's output (odd k: a buffer of its own).
+      std::vector<std::vector<float>> own(shapes.size());
+      auto output_of = [&](size_t k) -> float* {
+        return k % 2 == 0 ? ins[k].data() : own[k].data();
+      };
       std::vector<float> plain_in(100, static_cast<float>(r));
       std::vector<float> plain_out(100, -1.0f);
       std::vector<TensorEntry> entries(2);
@@ -307,6 +335,13 @@ void CheckPackedInputs(HostDataPlane plane, std::vector<float>* bits) {
         g.packed_inputs.push_back(in.empty() ? nullptr : in.data());
       }
       g.output = out.data();
+      if (own_outputs) {
+        g.output = nullptr;
+        for (size_t k = 0; k < shapes.size(); ++k) {
+          own[k].assign(ins[k].size(), std::nanf(""));
+          g.packed_outputs.push_back(ins[k].empty() ? nullptr : output_of(k));
+        }
+      }
       TensorEntry& p = entries[1];
       p.name = "packed-inputs/plain/" + std::to_string(round);
       p.dtype = DataType::kFloat32;
@@ -333,12 +368,22 @@ void CheckPackedInputs(HostDataPlane plane, std::vector<float>* bits) {
             want = op == ReduceOp::kMax ? std::max(want, v) : want + v;
           }
           if (op == ReduceOp::kMean) want /= n;
-          CHECK_TRUE(std::fabs(out[at + i] - want) <= 1e-5 * (1 + want),
-                     "%s round %d tensor %zu element %zu: got %g want %g",
-                     HostDataPlaneName(plane), round, k, i, out[at + i], want);
+          const float got = own_outputs ? output_of(k)[i] : out[at + i];
+          CHECK_TRUE(std::fabs(got - want) <= 1e-5 * (1 + want),
+                     "%s%s round %d tensor %zu element %zu: got %g want %g",
+                     HostDataPlaneName(plane), own_outputs ? " own" : "",
+                     round, k, i, got, want);
+          if (own_outputs) results.push_back(got);
         }
       }
-      for (size_t i = 0; i < out.size(); ++i) {
+      if (own_outputs) {
+        // The inputs not reduced in place stay as they were.
+        for (size_t k = 1; k < shapes.size(); k += 2) {
+          CHECK_TRUE(ins[k] == originals[k],
+                     "own outputs round %d: input %zu changed", round, k);
+        }
+      }
+      for (size_t i = 0; i < out.size() && !own_outputs; ++i) {
         // The engine packs the tensors for MPI, zeroing the gaps it reduces
         // with them; shared memory reduces only the tensors.
         const float gap = plane == HostDataPlane::kMpi ? 0.0f : out[i];
@@ -347,8 +392,9 @@ void CheckPackedInputs(HostDataPlane plane, std::vector<float>* bits) {
                    HostDataPlaneName(plane), round, i, out[i]);
         if (covered[i]) results.push_back(out[i]);
       }
-      CHECK_TRUE(ins == originals, "%s round %d: an input changed",
-                 HostDataPlaneName(plane), round);
+      CHECK_TRUE(own_outputs || ins == originals,
+                 "%s round %d: an input changed", HostDataPlaneName(plane),
+                 round);
       const float plain_want =
           op == ReduceOp::kMax    ? n - 1.0f
           : op == ReduceOp::kMean ? (n - 1) / 2.0f
@@ -596,8 +642,9 @@ int Main() {
   CheckEngine(1);
   CheckCyclesOnTheEnqueuingThread();
   std::vector<float> packed_bits;
-  CheckPackedInputs(HostDataPlane::kShm, &packed_bits);
-  CheckPackedInputs(HostDataPlane::kMpi, &packed_bits);
+  CheckPackedInputs(HostDataPlane::kShm, false, &packed_bits);
+  CheckPackedInputs(HostDataPlane::kMpi, false, &packed_bits);
+  CheckPackedInputs(HostDataPlane::kShm, true, &packed_bits);
   std::printf("rank %d: %s\n", g_check_rank,
               g_check_failures == 0 ? "PASS" : "FAIL");
   std::fflush(stdout);

@@ -748,6 +748,15 @@ TEST(Negotiation, PackedInputsArePackedByTheEngine) {
     t = group("does-not-fit");
     t.shape = {total - 1};
     expect_invalid(std::move(t), "does not fit shape");
+    t = group("outputs-short");
+    t.packed_outputs.assign(shapes.size() - 1, buffer.data());
+    expect_invalid(std::move(t),
+                   "packed_outputs need packed_inputs, one each (4 outputs, "
+                   "5 inputs)");
+    t = group("output-null");
+    t.packed_outputs.assign(shapes.size(), buffer.data());
+    t.packed_outputs[4] = nullptr;
+    expect_invalid(std::move(t), "packed output 4 is null");
   });
 }
 
