@@ -241,7 +241,11 @@ class GroupedAllreduceKernel : public ReducingKernel<Device> {
     entry.device = EngineDevice(ctx);
     Tensor buffer;
     std::vector<Tensor> inputs;
-    OP_REQUIRES_OK_ASYNC(ctx, Pack(ctx, op, &entry, &buffer, &inputs), done);
+    OP_REQUIRES_OK_ASYNC(
+        ctx,
+        Pack(ctx, op, engine->cpu_plane_reduces_parts(), &entry, &buffer,
+             &inputs),
+        done);
     std::vector<TensorEntry> entries;
     entries.push_back(std::move(entry));
     std::vector<Tensor> buffers;
@@ -335,10 +339,14 @@ class GroupedAllreduceKernel : public ReducingKernel<Device> {
   // memory (Device::kEngineReadsInputs) whose tensors are not small: its
   // inputs go to the engine as packed_inputs, held in `inputs` until the op
   // is done, and the engine packs them or, on shared memory, reduces them
-  // from where they are.
+  // from where they are.  There (`engine_reduces_parts`) each tensor also
+  // gets an output of its own instead of a view of `buffer` (which is then
+  // not allocated): its input's buffer where TF lets the op forward it, so
+  // that a group whose inputs the op alone holds (a chain of groups,
+  // gradients) is reduced in place, as a single tensor is.
   static absl::Status Pack(OpKernelContext* ctx, const typename Device::Op& op,
-                           TensorEntry* entry, Tensor* buffer,
-                           std::vector<Tensor>* inputs) {
+                           bool engine_reduces_parts, TensorEntry* entry,
+                           Tensor* buffer, std::vector<Tensor>* inputs) {
     static_assert(kPackAlignmentBytes %
                           tensorflow::Allocator::kAllocatorAlignment ==
                       0,
@@ -363,6 +371,9 @@ class GroupedAllreduceKernel : public ReducingKernel<Device> {
     const bool leave_inputs =
         Device::kEngineReadsInputs && layout.segments.size() == 1 &&
         layout.total_bytes >= kLeaveInputsMinBytes * n;
+    if (leave_inputs && engine_reduces_parts) {
+      return LeaveInputsAndOutputs(ctx, layout, dtypes[0], entry, inputs);
+    }
     // Tensors in buffer order (a segment per dtype), so that the gaps
     // between them can be zeroed as they are passed: they are reduced with
     // the tensors and never read back.
@@ -412,6 +423,34 @@ class GroupedAllreduceKernel : public ReducingKernel<Device> {
     }
     entry->input = leave_inputs ? nullptr : base;
     entry->output = base;
+    return absl::OkStatus();
+  }
+
+  // Pack's group of one dtype on an engine that reduces tensors where they
+  // are: packed_inputs and packed_outputs, each output its input forwarded
+  // or newly allocated.
+  static absl::Status LeaveInputsAndOutputs(OpKernelContext* ctx,
+                                            const PackedLayout& layout,
+                                            DataType dtype,
+                                            TensorEntry* entry,
+                                            std::vector<Tensor>* inputs) {
+    const int n = ctx->num_inputs();
+    for (int i = 0; i < n; ++i) {
+      // Forwarding needs the op to be the input's only holder, so it comes
+      // before `inputs` takes a reference.
+      Tensor* output = nullptr;
+      TF_RETURN_IF_ERROR(ctx->forward_input_or_allocate_output(
+          {i}, i, ctx->input(i).shape(), &output));
+      const Tensor& input = ctx->input(i);
+      const bool empty = input.NumElements() == 0;
+      entry->packed_inputs.push_back(empty ? nullptr : input.data());
+      entry->packed_outputs.push_back(empty ? nullptr : output->data());
+      inputs->push_back(input);
+    }
+    entry->dtype = dtype;
+    entry->shape = Shape{layout.total_bytes / DataTypeSize(dtype)};
+    entry->input = nullptr;
+    entry->output = nullptr;
     return absl::OkStatus();
   }
 

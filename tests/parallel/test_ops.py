@@ -325,8 +325,10 @@ def test_grouped_allreduce_of_one_dtype_odd_sizes(dtype, op):
 
 
 def test_grouped_allreduce_chained_reads_views_of_the_last_group():
-  # Each group's inputs are the previous group's outputs (views of its
-  # buffer): the engine reads them there while writing the next buffer.
+  # Each group's inputs are the previous group's outputs: through MPI,
+  # views of its buffer, read there while the next buffer is written; on
+  # shared memory, tensors the op alone holds, so it forwards them and the
+  # group is reduced in place.
   @tf.function
   def chain(t):
     ts = tf.split(t, [3, 1000, 4097, 0])
@@ -339,6 +341,27 @@ def test_grouped_allreduce_chained_reads_views_of_the_last_group():
   got = np.concatenate([y.numpy() for y in ys])
   want = (np.arange(5100) * SIZE + S - SIZE) * SIZE ** 3
   np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_grouped_allreduce_leaves_inputs_that_are_used_again():
+  # Inputs another op still reads cannot be reduced in place: the group
+  # gets outputs of its own and the inputs keep their values.
+  @tf.function
+  def f(t):
+    a = t + 1.0
+    b = t * 2.0
+    ys = ops.grouped_allreduce([a, b, a], op=ops.Sum)
+    return a, b, ys
+
+  x = tf.range(6000, dtype=tf.float32) + RANK
+  for _ in range(2):
+    a, b, ys = f(x)
+    np.testing.assert_array_equal(a.numpy(), x.numpy() + 1.0)
+    np.testing.assert_array_equal(b.numpy(), x.numpy() * 2.0)
+    base = np.arange(6000) * SIZE + S - SIZE  # sum over ranks of x
+    np.testing.assert_allclose(ys[0].numpy(), base + SIZE, rtol=1e-6)
+    np.testing.assert_allclose(ys[1].numpy(), 2 * base, rtol=1e-6)
+    np.testing.assert_allclose(ys[2].numpy(), base + SIZE, rtol=1e-6)
 
 
 def test_grouped_allreduce_outputs_outlive_each_other():
