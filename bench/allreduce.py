@@ -92,7 +92,8 @@ def default_iters(count, nbytes):
   """(warmup, iters) that give stable medians and keep a run < ~2 min."""
   total = count * nbytes
   if count > 1:
-    return 20, 200
+    # Enough chained samples (iters / 8) for a median that holds still.
+    return 20, 800
   if total <= 256 << 10:
     return 50, 1000
   if total <= 4 << 20:

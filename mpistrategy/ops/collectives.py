@@ -172,8 +172,10 @@ def grouped_allreduce(tensors, op=Sum, name=None, compression=None):
   reduced as a single collective: one negotiation and one transport call per
   dtype however many tensors there are.  The tensors are copied into that
   buffer first, except for a group of one dtype whose tensors average 4 KB
-  or more on the shared-memory data plane, which reduces them straight from
-  where they are into it.  On GPU the group is packed the same way, on the
+  or more on the shared-memory data plane, which reduces each tensor
+  straight from where it is into an output of its own (in place where the
+  op holds the only reference to the input).  On GPU the group is packed
+  the same way, on the
   op's stream.  Ranks whose groups differ (length, a tensor's shape or
   dtype) get a `FailedPreconditionError` naming the group and the tensor.
 
