@@ -259,6 +259,55 @@ void CheckEngine(int round) {
   engine.reset();  // shutdown cycle with every rank
 }
 
+// Where an allreduce completed: on the thread that enqueued it, before
+// Enqueue returned, or on another thread, and then on which.
+struct Completion {
+  std::promise<Status> promise;
+  std::thread::id thread;
+  char thread_name[16] = {0};
+  std::atomic<bool> enqueue_returned{false};
+  bool before_enqueue_returned = false;
+};
+
+// Enqueues a float32 SUM allreduce `name` of `count` elements, each rank
+// r + 1; waits for it and checks the sum.  Returns how it completed.
+std::unique_ptr<Completion> AllreduceOnce(Engine* engine,
+                                          const std::string& name,
+                                          int64_t count, double* enqueue_ms) {
+  const int n = engine->size();
+  std::vector<float> in(count, static_cast<float>(engine->rank() + 1));
+  std::vector<float> out(count, -1.0f);
+  auto c = std::make_unique<Completion>();
+  Completion* raw = c.get();
+  TensorEntry e;
+  e.name = name;
+  e.dtype = DataType::kFloat32;
+  e.shape = {count};
+  e.input = in.data();
+  e.output = out.data();
+  e.done = [raw](const Status& s) {
+    raw->thread = std::this_thread::get_id();
+    pthread_getname_np(pthread_self(), raw->thread_name,
+                       sizeof(raw->thread_name));
+    raw->before_enqueue_returned = !raw->enqueue_returned.load();
+    raw->promise.set_value(s);
+  };
+  std::future<Status> f = c->promise.get_future();
+  const auto start = std::chrono::steady_clock::now();
+  engine->Enqueue(std::move(e));
+  c->enqueue_returned = true;
+  if (enqueue_ms != nullptr) {
+    *enqueue_ms = std::chrono::duration<double, std::milli>(
+                      std::chrono::steady_clock::now() - start)
+                      .count();
+  }
+  CHECK_OK(f.get());
+  const float want = static_cast<float>(n * (n + 1) / 2);
+  CHECK_TRUE(out[0] == want && out[count - 1] == want, "%s got %g want %g",
+             name.c_str(), out[0], want);
+  return c;
+}
+
 // A grouped allreduce whose kernel left the packing to the engine
 // (TensorEntry::packed_inputs) on the data plane `plane`: shared memory
 // reduces the tensors from where they are, MPI after the engine packed
@@ -280,20 +329,7 @@ void CheckPackedInputs(HostDataPlane plane, bool own_outputs,
   const int n = engine->size();
   const int r = engine->rank();
   // Set by the engine thread once its plane is up: after a collective.
-  {
-    std::vector<float> x(4, 1.0f);
-    auto promise = std::make_shared<std::promise<Status>>();
-    auto f = promise->get_future();
-    TensorEntry e;
-    e.name = "packed-inputs/warm-up";
-    e.dtype = DataType::kFloat32;
-    e.shape = {4};
-    e.input = x.data();
-    e.output = x.data();
-    e.done = [promise](const Status& s) { promise->set_value(s); };
-    engine->Enqueue(std::move(e));
-    CHECK_OK(f.get());
-  }
+  AllreduceOnce(engine.get(), "packed-inputs/warm-up", 4, nullptr);
   CHECK_TRUE(engine->cpu_plane_reduces_parts() ==
                  (plane == HostDataPlane::kShm),
              "%s: cpu_plane_reduces_parts() is %d", HostDataPlaneName(plane),
@@ -425,55 +461,6 @@ char ProcessState(int pid) {
   std::fclose(f);
   const char* paren = std::strrchr(line, ')');
   return got > 0 && paren != nullptr && paren[1] == ' ' ? paren[2] : '?';
-}
-
-// Where an allreduce completed: on the thread that enqueued it, before
-// Enqueue returned, or on another thread, and then on which.
-struct Completion {
-  std::promise<Status> promise;
-  std::thread::id thread;
-  char thread_name[16] = {0};
-  std::atomic<bool> enqueue_returned{false};
-  bool before_enqueue_returned = false;
-};
-
-// Enqueues a float32 SUM allreduce `name` of `count` elements, each rank
-// r + 1; waits for it and checks the sum.  Returns how it completed.
-std::unique_ptr<Completion> AllreduceOnce(Engine* engine,
-                                          const std::string& name,
-                                          int64_t count, double* enqueue_ms) {
-  const int n = engine->size();
-  std::vector<float> in(count, static_cast<float>(engine->rank() + 1));
-  std::vector<float> out(count, -1.0f);
-  auto c = std::make_unique<Completion>();
-  Completion* raw = c.get();
-  TensorEntry e;
-  e.name = name;
-  e.dtype = DataType::kFloat32;
-  e.shape = {count};
-  e.input = in.data();
-  e.output = out.data();
-  e.done = [raw](const Status& s) {
-    raw->thread = std::this_thread::get_id();
-    pthread_getname_np(pthread_self(), raw->thread_name,
-                       sizeof(raw->thread_name));
-    raw->before_enqueue_returned = !raw->enqueue_returned.load();
-    raw->promise.set_value(s);
-  };
-  std::future<Status> f = c->promise.get_future();
-  const auto start = std::chrono::steady_clock::now();
-  engine->Enqueue(std::move(e));
-  c->enqueue_returned = true;
-  if (enqueue_ms != nullptr) {
-    *enqueue_ms = std::chrono::duration<double, std::milli>(
-                      std::chrono::steady_clock::now() - start)
-                      .count();
-  }
-  CHECK_OK(f.get());
-  const float want = static_cast<float>(n * (n + 1) / 2);
-  CHECK_TRUE(out[0] == want && out[count - 1] == want, "%s got %g want %g",
-             name.c_str(), out[0], want);
-  return c;
 }
 
 // Small cached allreduces whose peers are ready complete on the thread
