@@ -1,4 +1,5 @@
-"""Run without mpirun (a world of size 1), and a short memory soak on 2 ranks.
+"""Run without mpirun (a world of size 1), and memory: a short soak on 2
+ranks, and a grouped allreduce that must not hold a buffer the group's size.
 """
 
 import os
@@ -102,3 +103,21 @@ def test_group_floor_bench_refuses_several_ranks(launch):
   assert not job.timed_out, job.describe()
   assert job.returncode != 0, job.describe()
   assert "run it without mpirun" in job.output, job.describe()
+
+
+@pytest.mark.timeout(180)
+def test_grouped_allreduce_in_place_takes_no_group_buffer(launch):
+  """Shared memory reduces the group in place: peak as one allreduce each."""
+  job = launch("group_memory.py", np=2, timeout=150)
+  job.assert_no_leftovers()
+  assert not job.timed_out and job.returncode == 0, job.describe()
+  for rank in range(2):
+    peaks = {}
+    for event in job.events("PEAK", rank=rank):
+      name, mib, verdict = event.text.split(" ", 2)
+      assert verdict == "ok", event.text + "\n" + job.describe()
+      peaks[name] = float(mib)
+    assert sorted(peaks) == ["grouped", "single"], job.describe()
+    # The old kernel allocated 32 MiB more (the two tensors' buffer).
+    assert peaks["grouped"] <= peaks["single"] + 4, (
+        f"rank {rank}: {peaks}\n" + job.describe())
