@@ -314,11 +314,12 @@ std::unique_ptr<Completion> AllreduceOnce(Engine* engine,
 // them.  Odd sizes leave gaps; one group is over shared memory's
 // one-barrier limit (16 KB), one under it; a plain tensor is fused beside
 // each.  Every tensor must land at its packed offset with the inputs
-// untouched (and, on MPI, the gaps zero), and at np 2 the planes must agree bit for bit
-// (`bits`: empty on the first call, compared on the next).  With
-// `own_outputs` (shared memory only) each tensor has an output of its own
-// instead (TensorEntry::packed_outputs), every other one its input (in
-// place, as when the kernel forwards it).
+// untouched (and, on MPI, the gaps zero), and at np 2 the planes must agree
+// bit for bit (`bits`: empty on the first call, compared on the next).
+// With `own_outputs` (shared memory only) each tensor has an output of its
+// own instead (TensorEntry::packed_outputs), every other one its input (in
+// place, as when the kernel forwards it); the others' inputs stay as they
+// were.
 void CheckPackedInputs(HostDataPlane plane, bool own_outputs,
                        std::vector<float>* bits) {
   EngineConfig config;

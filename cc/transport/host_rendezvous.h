@@ -13,8 +13,9 @@
 // HostRounds (peer_wait.h), one round per AND, and two sets of one
 // bit-vector slot per rank.  The AND number k writes its slot in set k % 2
 // and arrives at round k; once the round is complete (its last arrival
-// wakes the sleepers) each rank ANDs the slots itself.  No rank can start AND k + 2 (and overwrite set k % 2) before
-// every rank has arrived at k + 1, that is, has finished reading AND k.
+// wakes the sleepers) each rank ANDs the slots itself.  No rank can start
+// AND k + 2 (and overwrite set k % 2) before every rank has arrived at
+// k + 1, that is, has finished reading AND k.
 //
 // A waiting rank calls the wait hook about every millisecond; a non-OK
 // status from it ends the wait (the engine's peer deadline).

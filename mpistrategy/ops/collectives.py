@@ -168,16 +168,16 @@ def allreduce(tensor, op=Sum, name=None, compression=None):
 def grouped_allreduce(tensors, op=Sum, name=None, compression=None):
   """Reduces a list of tensors across ranks in one collective.
 
-  On CPU the results are views of one buffer the size of the group,
-  reduced as a single collective: one negotiation and one transport call per
-  dtype however many tensors there are.  The tensors are copied into that
-  buffer first, except for a group of one dtype whose tensors average 4 KB
+  On CPU the group is reduced as a single collective: one negotiation and
+  one transport call per dtype however many tensors there are.  The tensors
+  are copied into one buffer the size of the group and the results are
+  views of it, except for a group of one dtype whose tensors average 4 KB
   or more on the shared-memory data plane, which reduces each tensor
   straight from where it is into an output of its own (in place where the
   op holds the only reference to the input).  On GPU the group is packed
-  the same way, on the
-  op's stream.  Ranks whose groups differ (length, a tensor's shape or
-  dtype) get a `FailedPreconditionError` naming the group and the tensor.
+  the same way, on the op's stream.  Ranks whose groups differ (length, a
+  tensor's shape or dtype) get a `FailedPreconditionError` naming the group
+  and the tensor.
 
   Args:
     tensors: A list of tensors (dtypes may differ; see `allreduce`).
