@@ -94,6 +94,12 @@ struct PendingEntry {
   bool announced = false;
 };
 
+// A finished entry's callback and status, until it is called (CallDone).
+struct FinishedEntry {
+  std::function<void(const Status&)> done;
+  Status status;
+};
+
 std::string Describe(const TensorEntry& e) {
   return std::string(CollectiveTypeName(e.type)) + " \"" + e.name + "\"";
 }
@@ -496,8 +502,12 @@ class Engine::Impl {
   bool SlowPath(bool want_shutdown, const std::string& shutdown_reason);
   // Runs the cycle's responses (errors, then fused buckets in plan order).
   bool ExecuteResponses(const std::vector<const Response*>& responses);
-  // Removes the entry from the tables, then calls its `done`.
+  // Removes the entry from the tables and queues its `done` in finished_.
   void Finish(PendingIter it, const Status& status);
+  // Calls the `done`s queued in `finished` (then empty) on this thread, as
+  // the owner of a cycle: an Enqueue from one of them only wakes the engine
+  // thread.
+  void CallDone(std::vector<FinishedEntry>* finished);
   // Makes `suffix` the sticky error (unless one is set) and returns false.
   bool Fatal(StatusCode code, const std::string& suffix);
   // Fatal for a failed transport call `what`; after a peer timeout the
@@ -604,6 +614,12 @@ class Engine::Impl {
   std::vector<const Response*> bucket_responses_;
   std::vector<TensorEntry*> bucket_entries_;
   std::vector<Status> bucket_status_;
+  // `done`s of finished entries not yet called.  Those of a cycle's last
+  // bucket are called after cycle_mu_ is released: a `done` wakes the
+  // thread that continues the graph, whose next Enqueue (on two cores, often
+  // before this thread is scheduled again) must find no cycle running to
+  // run its own; otherwise every rank's engine thread keeps every cycle.
+  std::vector<FinishedEntry> finished_;
   std::string bytes_;
   std::vector<std::string> gathered_;
   // Timeline only: when the current cycle started, and its path.
@@ -824,9 +840,14 @@ void Engine::Impl::Loop() {
         cycling_ = true;
       }
       bool go_on = true;
+      std::vector<FinishedEntry> finished;
       while (go_on && WaitForWork()) {
-        std::lock_guard<std::mutex> cycle(cycle_mu_);
-        go_on = cycling_ && RunCycleLocked(/*on_op_thread=*/false);
+        {
+          std::lock_guard<std::mutex> cycle(cycle_mu_);
+          go_on = cycling_ && RunCycleLocked(/*on_op_thread=*/false);
+          finished.swap(finished_);
+        }
+        CallDone(&finished);
       }
     }
   }
@@ -856,6 +877,7 @@ void Engine::Impl::Loop() {
     }
     Finish(pending_.begin(), s);
   }
+  CallDone(&finished_);
   stopped_cv_.notify_all();
   StopMonitor();
 }
@@ -925,8 +947,11 @@ bool Engine::Impl::TryCycleOnThisThread() {
   // themselves, as do Abort and the peer monitor.
   const bool wake =
       !go_on || !pending_.empty() || stage_ != CycleStage::kIdle;
+  std::vector<FinishedEntry> finished;
+  finished.swap(finished_);
   cycle.unlock();
   if (wake) wake_cv_.notify_one();
+  CallDone(&finished);
   return true;
 }
 
@@ -1181,6 +1206,9 @@ bool Engine::Impl::ExecuteResponses(
     for (size_t k = 0; k < bucket.members.size(); ++k) {
       Finish(ok_entries_[bucket.members[k]], bucket_status_[k]);
     }
+    // Earlier buckets' results go to TF at once, to overlap with the rest
+    // of the cycle; the last bucket's wait for the cycle's end (finished_).
+    if (&bucket != &plan.back()) CallDone(&finished_);
   }
   const bool tuning = autotuner_ != nullptr && !autotuner_->done();
   if (timeline_ == nullptr && !tuning) return true;
@@ -1199,14 +1227,24 @@ bool Engine::Impl::ExecuteResponses(
 }
 
 void Engine::Impl::Finish(PendingIter it, const Status& status) {
-  std::function<void(const Status&)> done = std::move(it->entry.done);
+  if (it->entry.done) {
+    finished_.push_back({std::move(it->entry.done), status});
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     in_flight_.erase(it->request.name);
   }
   by_name_.erase(it->request.name);
   pending_.erase(it);
-  if (done) done(status);
+}
+
+void Engine::Impl::CallDone(std::vector<FinishedEntry>* finished) {
+  if (finished->empty()) return;
+  const void* outer = cycle_owner_on_this_thread;
+  cycle_owner_on_this_thread = this;
+  for (FinishedEntry& f : *finished) f.done(f.status);
+  cycle_owner_on_this_thread = outer;
+  finished->clear();
 }
 
 bool Engine::Impl::Fatal(StatusCode code, const std::string& suffix) {
