@@ -159,10 +159,10 @@ class BuildExt(build_ext):
         return fullname + ".so"
     return super().get_ext_filename(fullname)
 
-  def finalize_options(self):
-    super().finalize_options()
-    if not self.parallel:
-      self.parallel = min(os.cpu_count() or 1, 4)
+  # No `parallel` default: setuptools' parallel build_ext builds the two
+  # extensions at once, and both compile cc/common/*.cc into the same object
+  # files under build_temp (with different flags), so one linked a file the
+  # other was rewriting ("_config.so ... returned non-zero exit status 1").
 
   def build_extension(self, ext):
     if ext.name == CONFIG_EXT_NAME:
