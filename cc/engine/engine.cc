@@ -555,6 +555,9 @@ class Engine::Impl {
   bool shutdown_requested_ = false;
   std::string shutdown_reason_;
   bool stopped_ = false;
+  // The engine thread's loop has finished everything: pending entries
+  // failed, the timeline closed.  Abort waits for it.
+  bool loop_ended_ = false;
   StatusCode sticky_code_ = StatusCode::kOk;
   std::string sticky_suffix_;  // "was aborted because ..."
   bool monitor_stop_ = false;
@@ -778,7 +781,7 @@ void Engine::Impl::Abort(const std::string& reason, double timeout_seconds) {
   wake_cv_.notify_all();
   stopped_cv_.wait_for(
       lock, std::chrono::duration<double>(std::max(0.0, timeout_seconds)),
-      [this] { return stopped_; });
+      [this] { return loop_ended_; });
 }
 
 EngineStats Engine::Impl::stats() const {
@@ -878,6 +881,13 @@ void Engine::Impl::Loop() {
     Finish(pending_.begin(), s);
   }
   CallDone(&finished_);
+  // Nothing is recorded after the loop.  A job that a failing rank ends
+  // with MPI_Abort (after Abort waited for this) still leaves whole files.
+  if (timeline_ != nullptr) timeline_->Close();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    loop_ended_ = true;
+  }
   stopped_cv_.notify_all();
   StopMonitor();
 }

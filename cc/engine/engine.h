@@ -168,7 +168,8 @@ class Engine {
 
   // Asks every rank's engine to stop: pending and future entries fail with
   // Aborted carrying `reason` (e.g. "rank 1 raised ValueError: ...").
-  // Returns once this rank's engine has told the others, or after
+  // Returns once this rank's engine has told the others and stopped (its
+  // pending entries failed, its timeline file complete), or after
   // `timeout_seconds`.
   void Abort(const std::string& reason, double timeout_seconds);
 

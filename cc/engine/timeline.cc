@@ -149,15 +149,19 @@ Timeline::Timeline(std::FILE* out, std::string file, int rank,
   writer_ = std::thread([this] { WriterLoop(); });
 }
 
-Timeline::~Timeline() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  wake_.notify_one();
-  writer_.join();
-  std::fclose(out_);
+void Timeline::Close() {
+  std::call_once(closed_, [this] {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_one();
+    writer_.join();
+    std::fclose(out_);
+  });
 }
+
+Timeline::~Timeline() { Close(); }
 
 double Timeline::Now() const { return SteadyClockSeconds(); }
 
@@ -229,6 +233,7 @@ void Timeline::Push(Event event) {
   bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;  // closed: nothing writes the queue any more
     // Row names are never dropped (one per name); everything else is
     // bounded so that a stalled disk cannot grow the engine's memory.
     if (event.phase != 'M') {

@@ -103,7 +103,12 @@ class Timeline {
                      std::unique_ptr<Timeline>* timeline);
 
   // Writes everything queued (and the DROPPED_EVENTS instant, if any were
-  // dropped), closes the JSON array and the file, joins the writer.
+  // dropped), closes the JSON array and the file, joins the writer.  Once
+  // only: later calls do nothing, and events recorded after it are
+  // dropped.  The engine calls it as soon as it stops, so that a job that
+  // ends in MPI_Abort still leaves a complete file.
+  void Close();
+  // Close().
   ~Timeline();
 
   Timeline(const Timeline&) = delete;
@@ -165,6 +170,9 @@ class Timeline {
   bool overflowed_ = false;    // wakes the writer early
   bool stop_ = false;
   int64_t dropped_ = 0;
+
+  // Close() only.
+  std::once_flag closed_;
 
   // Writer thread only.
   bool first_event_ = true;

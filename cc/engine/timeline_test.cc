@@ -434,6 +434,24 @@ TEST(Timeline, WriterFlushesWhileOpen) {
   EXPECT_EQ(ReadEvents(file).size(), 5u);  // process, 2 rows x 2 M, span
 }
 
+TEST(Timeline, CloseCompletesTheFileOnceAndDropsLaterEvents) {
+  TempDir dir;
+  const std::string file = dir.File("trace.json");
+  std::unique_ptr<Timeline> t;
+  ASSERT_TRUE(Timeline::Open(file, 0, Timeline::Options(), &t).ok());
+  const double now = t->Now();
+  t->Span("before", "BARRIER", now, now);
+  t->Close();
+  // Complete while the Timeline lives (a process may end in MPI_Abort).
+  EXPECT_EQ(ReadEvents(file).size(), 5u);  // process, 2 rows x 2 M, span
+  t->Span("after", "BARRIER", now, now);
+  t->Close();
+  t.reset();
+  const std::string text = ReadFile(file);
+  EXPECT_EQ(ReadEvents(file).size(), 5u) << text;
+  EXPECT_FALSE(Contains(text, "after")) << text;
+}
+
 // ---- engine spans -------------------------------------------------------
 
 EngineConfig TimelineConfig(const std::string& path) {
@@ -618,6 +636,44 @@ TEST(TimelineEngine, RankPlaceholderWritesOneFilePerRank) {
     }
     EXPECT_EQ(requests, r == 0 ? 3 : 0) << file;
   }
+}
+
+TEST(TimelineEngine, AbortReturnsWithEveryFileComplete) {
+  // What a rank's unhandled exception does (runtime.py's excepthook): Abort,
+  // then MPI_Abort, which ends every process without destructors.  Each
+  // rank's file must be whole once its engine stopped.
+  TempDir dir;
+  const int size = 2;
+  auto world = FakeWorld::Create(size, 0, 30.0);
+  std::vector<std::unique_ptr<Engine>> engines(size);
+  for (int r = 0; r < size; ++r) {
+    ASSERT_TRUE(Engine::Create(TimelineConfig(dir.File("trace.{rank}.json")),
+                               world->CreateTransport(r), &engines[r])
+                    .ok());
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&engines, r] {
+      std::vector<float> in(8, 1.0f), out(8);
+      TensorEntry e = Allreduce("before_abort", &in, &out);
+      auto f = Watch(&e);
+      engines[r]->Enqueue(std::move(e));
+      EXPECT_TRUE(Await(&f).ok());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  // Rank 1 raised: its engine tells rank 0's, and both stop.
+  engines[1]->Abort("rank 1 raised RuntimeError: boom", 20.0);
+  EXPECT_TRUE(engines[1]->stopped());
+  engines[0]->Abort("rank 0 raised AbortedError", 20.0);
+  EXPECT_TRUE(engines[0]->stopped());
+  for (int r = 0; r < size; ++r) {
+    const std::string file =
+        dir.File("trace." + std::to_string(r) + ".json");
+    const std::map<int64_t, Row> rows = Rows(ReadEvents(file));
+    EXPECT_TRUE(FindRow(rows, "before_abort") != nullptr) << file;
+  }
+  for (auto& engine : engines) engine.reset();
 }
 
 TEST(TimelineEngine, CreateFailsWhenTheFileCannotBeCreated) {

@@ -11,6 +11,7 @@ still is.  A kill inside the segment's set-up, the one moment that can leave
 it behind, is cleaned up by the host's next job.
 """
 
+import json
 import os
 import re
 import shutil
@@ -105,6 +106,38 @@ def test_abort_message_reaches_surviving_rank(launch):
     assert text.startswith("AbortedError"), job.describe()
     assert _NAMES_RANK.search(text), job.describe()
     assert "RuntimeError" in text, job.describe()
+  finally:
+    job.assert_no_leftovers()
+
+
+@pytest.mark.timeout(150)
+def test_timeline_files_are_complete_after_a_rank_raises(launch, tmp_path):
+  """The excepthook ends the job with MPI_Abort, which runs no destructor.
+
+  Each rank's engine closes its timeline file as it stops (Abort waits for
+  that), so every file is valid JSON, not cut off mid-array.
+  """
+  pattern = str(tmp_path / "trace.{rank}.json")
+  job = launch("crash.py", np=2, timeout=120,
+               env={"MPISTRATEGY_TIMELINE": pattern},
+               args=["--mode", "raise", "--fail-rank", str(FAIL_RANK),
+                     "--fail-step", "20"])
+  try:
+    assert not job.timed_out, job.describe()
+    assert job.returncode != 0, job.describe()
+    job.event("FAIL", FAIL_RANK)
+    for rank in range(2):
+      path = tmp_path / f"trace.{rank}.json"
+      text = path.read_text()
+      try:
+        events = json.loads(text)
+      except ValueError as e:
+        pytest.fail(f"{path.name} is not valid JSON ({e}); it ends with "
+                    f"{text[-200:]!r}\n" + job.describe())
+      names = {e.get("args", {}).get("name") for e in events
+               if e.get("ph") == "M"}
+      assert any(n and "allreduce" in n.lower() for n in names), (
+          f"{path.name} has no allreduce row: {sorted(filter(None, names))}")
   finally:
     job.assert_no_leftovers()
 
