@@ -164,8 +164,11 @@ def shutdown():
   """Stops the engine; `init()` may be called again afterwards.
 
   Collectives still pending fail with `tf.errors.AbortedError` on every rank.
-  MPI itself stays initialized until the process exits.  A no-op when not
-  initialized.
+  A collective called afterwards, on any thread, starts a new engine as on
+  first use (`init()` with the defaults and the environment), which every
+  rank must then join: call `shutdown()` on every rank, once no other
+  thread of this process runs collectives.  MPI itself stays initialized
+  until the process exits.  A no-op when not initialized.
   """
   with _state.lock:
     if _library.loaded() is None:
