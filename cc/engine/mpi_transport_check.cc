@@ -454,8 +454,6 @@ void CheckPackedInputs(HostDataPlane plane, bool own_outputs,
 }
 
 // The state letter of /proc/<pid>/stat ('T': stopped), or '?'.
-constexpr int kInlineRounds = 200;
-
 char ProcessState(int pid) {
   std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
   if (f == nullptr) return '?';
@@ -465,6 +463,8 @@ char ProcessState(int pid) {
   const char* paren = std::strrchr(line, ')');
   return got > 0 && paren != nullptr && paren[1] == ' ' ? paren[2] : '?';
 }
+
+constexpr int kInlineRounds = 200;
 
 // Small cached allreduces whose peers are ready complete on the thread
 // that enqueued them; a late peer or a large allreduce leaves the work to
@@ -506,11 +506,11 @@ void CheckCyclesOnTheEnqueuingThread() {
   // engine held its cycle lock through the last bucket's `done`s until
   // 2026-12-05; then 6 of 12 np-2 runs here had a rank under a quarter,
   // against none of 35 np-2 runs since, 5 of them beside two busy loops).
-  // A rank whose op thread reaches the rendezvous 50 us before
-  // its peers' leaves its round to the engine thread, so each rank is asked
-  // for a quarter of the rounds, not all; a tenth where the ranks outnumber
-  // the cores and wait for each other to be scheduled (np 3 on two cores:
-  // 56 to 200 here).
+  // A rank whose op thread reaches the rendezvous 50 us before its peers'
+  // leaves its round to the engine thread, so each rank is asked for a
+  // quarter of the rounds, not all; a tenth where the ranks outnumber the
+  // cores and wait for each other to be scheduled (np 3 on two cores: 56
+  // to 200 here).
   EngineConfig config;
   config.cycle_time_ms = 1000.0;
   std::unique_ptr<Engine> engine = StartEngine(config);
