@@ -165,8 +165,10 @@ class Options:
       The segment is unlinked from /dev/shm as soon as every rank of the
       host has mapped it, so nothing is left behind however the job ends.
     shm_bytes: Size of each host's shared-memory segment in bytes (taken
-      from /dev/shm); a tensor larger than this moves in several rounds.
-      An integer >= 1048576.  Default 16777216 (16 MiB).
+      from /dev/shm).  Tensors move through it in rounds of at most 1 MiB
+      per rank (rounds that small are still in the caches when the other
+      ranks read them), less where the segment holds less than 2 MiB per
+      rank of the host.  An integer >= 1048576.  Default 16777216 (16 MiB).
     abort_on_exception: When True (the default) and the world has more than
       one rank, `mpistrategy.init()` installs a `sys.excepthook` that prints
       the uncaught exception prefixed with the rank, tells the other ranks'

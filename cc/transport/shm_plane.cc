@@ -253,6 +253,7 @@ ShmPlane::ShmPlane(int rank, int size, void* base, int64_t mapped_bytes,
       barriers_(static_cast<char*>(base), size),
       header_bytes_(header_bytes),
       slot_bytes_(slot_bytes),
+      round_bytes_(std::min(slot_bytes, kShmMaxRoundBytes)),
       fallback_(fallback),
       block_(kBlockBytes) {}
 
@@ -390,7 +391,7 @@ Status ShmPlane::RunAllreduce(const AllreducePart* parts, int num_parts,
     NextSet();
     return Status::Ok();
   }
-  const int64_t chunk = slot_bytes_ / esize;
+  const int64_t chunk = round_bytes_ / esize;
   // Shares start on cache lines, so no two ranks write one line.
   const int64_t align = kCacheLineBytes / esize;
   for (int64_t done = 0; done < count; done += chunk) {
@@ -439,15 +440,15 @@ Status ShmPlane::Allgatherv(const void* in, void* out,
   char* dst = static_cast<char*>(out);
   const int64_t most =
       *std::max_element(bytes_per_rank.begin(), bytes_per_rank.end());
-  for (int64_t done = 0; done < most; done += slot_bytes_) {
+  for (int64_t done = 0; done < most; done += round_bytes_) {
     const int64_t mine =
-        std::clamp<int64_t>(bytes_per_rank[rank_] - done, 0, slot_bytes_);
+        std::clamp<int64_t>(bytes_per_rank[rank_] - done, 0, round_bytes_);
     if (mine > 0) std::memcpy(Slot(rank_), src + done, mine);
     MPISTRATEGY_RETURN_IF_ERROR(Barrier());
     int64_t offset = 0;
     for (int q = 0; q < size_; ++q) {
       const int64_t n =
-          std::clamp<int64_t>(bytes_per_rank[q] - done, 0, slot_bytes_);
+          std::clamp<int64_t>(bytes_per_rank[q] - done, 0, round_bytes_);
       char* to = dst + offset + done;
       // In place (our block already where it belongs): nothing to copy.
       if (n > 0 && !(q == rank_ && to == src + done)) {
@@ -470,7 +471,7 @@ Status ShmPlane::Broadcast(void* buffer, int64_t bytes, int root_rank,
   if (size_ == 1) return Status::Ok();
   char* data = static_cast<char*>(buffer);
   // A round fills the whole set (its slots are contiguous).
-  const int64_t round = slot_bytes_ * size_;
+  const int64_t round = round_bytes_ * size_;
   for (int64_t done = 0; done < bytes; done += round) {
     const int64_t n = std::min(round, bytes - done);
     if (rank_ == root_rank) std::memcpy(Slot(0), data + done, n);
@@ -495,7 +496,7 @@ Status ShmPlane::Reducescatter(const void* in, void* out,
   char* dst = static_cast<char*>(out);
   // Elements of each block per round, a whole number of cache lines.
   const int64_t align = kCacheLineBytes / esize;
-  const int64_t per = slot_bytes_ / size_ / esize / align * align;
+  const int64_t per = round_bytes_ / size_ / esize / align * align;
   const int64_t most = *std::max_element(counts.begin(), counts.end());
   srcs_.resize(size_);
   for (int64_t done = 0; done < most; done += per) {

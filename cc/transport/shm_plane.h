@@ -9,9 +9,9 @@
 //
 // The segment holds the barrier's words, the area of the
 // negotiation's rendezvous (host_rendezvous.h) and two sets of one slot per
-// rank.  A collective moves its data in rounds of at most a slot per
-// rank, alternating the sets, so that a round's writes never touch the set
-// the previous round's readers may still read:
+// rank.  A collective moves its data in rounds of at most a slot, and at
+// most kShmMaxRoundBytes, per rank, alternating the sets, so that a round's
+// writes never touch the set the previous round's readers may still read:
 //   * allreduce: every rank copies its chunk into its slot; barrier; rank r
 //     reduces the r-th part of every slot (in rank order, in cache-sized
 //     blocks; kMean divides each block right there) into its own slot;
@@ -49,6 +49,15 @@ namespace mpistrategy {
 
 // The smallest segment ShmPlane::Create accepts per rank of the host.
 constexpr int64_t kShmMinBytesPerRank = 64 << 10;
+
+// The most bytes one rank moves through its slot in one round.  The peers
+// read a round's slots right after its barrier: rounds this small are still
+// in the caches then, where rounds of a few MiB had gone to memory and back
+// (bench/RESULTS.md section 16: a 64 MiB allreduce on 2 ranks up to a third
+// faster than in the default segment's 4 MiB slots).  Smaller rounds were
+// no faster on 2 ranks and slower on 3 ranks sharing 2 cores, where each
+// extra barrier may wait for a rank the scheduler has put aside.
+constexpr int64_t kShmMaxRoundBytes = 1 << 20;
 
 // A segment's set-up lasts at most until the host's slowest rank starts its
 // engine; an abandoned one is removed only when older than this, so that a
@@ -103,7 +112,7 @@ class ShmPlane : public DataPlane {
   std::unique_ptr<HostRendezvous> CreateRendezvous() const;
 
   // Bytes one rank moves per round (tests use it to cross round borders).
-  int64_t slot_bytes() const { return slot_bytes_; }
+  int64_t round_bytes() const { return round_bytes_; }
 
   // Every method needs a host-synchronous stream (Internal error otherwise).
   // kMean on a non-floating dtype is InvalidArgument on every rank, before
@@ -160,6 +169,7 @@ class ShmPlane : public DataPlane {
   HostRounds barriers_;  // at the start of the segment
   const int64_t header_bytes_;
   const int64_t slot_bytes_;
+  const int64_t round_bytes_;  // min(slot_bytes_, kShmMaxRoundBytes)
   DataPlane* const fallback_;
   std::function<Status()> wait_hook_;
   int set_ = 0;

@@ -7,8 +7,10 @@
 // with the reduction done here in rank order (the plane's order), for every
 // dtype and op, in place and not, on unaligned buffers, for counts of 0, 1,
 // odd, on both sides of the small-allreduce border, and across round
-// borders (a plane with the smallest segment makes those cheap).  --large adds an allreduce of more than 2^31 bytes.  Every
-// rank prints "rank R: PASS" (exit 0) or the failures (exit 1).
+// borders (a plane with the smallest segment makes those cheap; one with
+// slots larger than kShmMaxRoundBytes checks that rounds stop there).
+// --large adds an allreduce of more than 2^31 bytes.  Every rank prints
+// "rank R: PASS" (exit 0) or the failures (exit 1).
 
 #include <dirent.h>
 #include <sys/resource.h>
@@ -489,37 +491,48 @@ int Main(int argc, char** argv) {
     // The smallest segment: many rounds for small counts.
     std::unique_ptr<ShmPlane> small =
         MakePlane(comm, kShmMinBytesPerRank * n, &mpi_plane);
-    std::unique_ptr<ShmPlane> plane = MakePlane(comm, 8 << 20, &mpi_plane);
+    // Slots larger than a round (kShmMaxRoundBytes) for any number of
+    // ranks; the header takes far less than the extra MiB.
+    std::unique_ptr<ShmPlane> plane =
+        MakePlane(comm, 2 * n * (kShmMaxRoundBytes + (64 << 10)) + (1 << 20),
+                  &mpi_plane);
     // Created, mapped everywhere and already unlinked.
     MPI_Barrier(comm);
     CHECK_TRUE(SegmentsLeft(creator) == 0, "segments left in /dev/shm: %d",
                SegmentsLeft(creator));
     if (small == nullptr || plane == nullptr) return 1;
-    const int64_t slot = small->slot_bytes();
+    const int64_t round = small->round_bytes();
     // Up to 16 KiB one barrier (every rank reduces everything), above it
     // shares: both sides of that border for 1-, 2-, 4- and 8-byte dtypes.
     for (int64_t count : {0, 1, 5, 1031, 2048, 2049, 4096, 4097, 8193,
                           16384, 16385}) {
-      CheckAllreduce(plane.get(), &stream, count, "8M");
+      CheckAllreduce(plane.get(), &stream, count, "large");
     }
-    for (int64_t count : {int64_t{3} * slot / 8 + 17, int64_t{2} * slot + 3}) {
+    for (int64_t count :
+         {int64_t{3} * round / 8 + 17, int64_t{2} * round + 3}) {
       CheckAllreduce(small.get(), &stream, count, "small");
     }
+    // Its slots are larger than a round: rounds of kShmMaxRoundBytes per
+    // rank, not a slot.
+    CHECK_TRUE(plane->round_bytes() == kShmMaxRoundBytes,
+               "large segment: rounds of %lld bytes",
+               static_cast<long long>(plane->round_bytes()));
+    CheckAllreduce(plane.get(), &stream, kShmMaxRoundBytes + 29, "large");
     // Parts smaller than a share, empty ones, and parts that span rounds.
     CheckAllreduceParts(plane.get(), &stream, {3, 0, 1, 1031, 0, 17},
-                        "8M");
+                        "large");
     CheckAllreduceParts(small.get(), &stream,
-                        {1, slot / 3 + 5, 0, 2 * slot + 9, 7, slot - 1},
+                        {1, round / 3 + 5, 0, 2 * round + 9, 7, round - 1},
                         "small");
-    for (int64_t base : {int64_t{0}, int64_t{5}, 2 * slot + 7}) {
+    for (int64_t base : {int64_t{0}, int64_t{5}, 2 * round + 7}) {
       CheckAllgatherv(small.get(), &stream, base);
       CheckAllgatherv(plane.get(), &stream, base);
     }
-    for (int64_t bytes : {int64_t{0}, int64_t{3}, 5 * n * slot + 11}) {
+    for (int64_t bytes : {int64_t{0}, int64_t{3}, 5 * n * round + 11}) {
       CheckBroadcast(small.get(), &stream, bytes);
       CheckBroadcast(plane.get(), &stream, bytes);
     }
-    for (int64_t base : {int64_t{0}, int64_t{9}, slot / 2 + 1}) {
+    for (int64_t base : {int64_t{0}, int64_t{9}, round / 2 + 1}) {
       CheckReducescatter(small.get(), &stream, base);
       CheckReducescatter(plane.get(), &stream, base);
     }
