@@ -470,7 +470,9 @@ Status ShmPlane::Broadcast(void* buffer, int64_t bytes, int root_rank,
   }
   if (size_ == 1) return Status::Ok();
   char* data = static_cast<char*>(buffer);
-  // A round fills the whole set (its slots are contiguous).
+  // Only the root writes, so a round may take every rank's share of the
+  // set: the set's slots are contiguous, and round_bytes_ * size_ bytes
+  // from Slot(0) on stay inside it.
   const int64_t round = round_bytes_ * size_;
   for (int64_t done = 0; done < bytes; done += round) {
     const int64_t n = std::min(round, bytes - done);
