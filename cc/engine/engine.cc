@@ -69,6 +69,22 @@ constexpr int64_t kOpThreadMaxBytes = 64 * 1024;
 // cycle_time_ms if larger); the next submission resets it.
 constexpr double kMaxIdlePeriodMs = 16.0;
 
+// A cycle whose rendezvous agrees on nothing while this rank has entries
+// pending means the peers have submitted other tensors first: TensorFlow
+// may run independent collectives in a different order on every rank, and
+// one that is ready may wait behind a long kernel for TensorFlow's only
+// inter-op thread.  Cycling again at once repeats that empty rendezvous as
+// fast as the ranks can meet (hundreds of thousands a second, on every
+// rank), which takes the cores from the kernels that compute the missing
+// tensors.  A short run of such cycles is a race that the next cycle
+// settles, so after kEmptyCyclesBeforeBackoff of them in a row the engine
+// thread waits between cycles for a submission of its own or a back-off
+// that doubles from the first to the last bound below; a peer's late
+// submission then waits at most that long for this rank's rendezvous.
+constexpr int kEmptyCyclesBeforeBackoff = 32;
+constexpr std::chrono::microseconds kFirstEmptyCycleBackoff(8);
+constexpr std::chrono::microseconds kMaxEmptyCycleBackoff(128);
+
 // Calls fn(i) for every response-cache bit i set in a cycle's bit vector
 // (words 1 and up; word 0 holds the flags), in bit order, while fn returns
 // true.  False when fn stopped it.
@@ -582,6 +598,9 @@ class Engine::Impl {
   // Cycles the engine thread ran since this rank's last submission because
   // its idle period ran out (WaitForWork); under mu_.
   int idle_cycles_ = 0;
+  // Cycles in a row that agreed on nothing while entries were pending
+  // (kEmptyCyclesBeforeBackoff); under mu_, reset by a submission.
+  int empty_cycles_ = 0;
   // A GPU entry was ever enqueued: cycles stay on the engine thread, whose
   // device and streams the GPU path sets up.
   std::atomic<bool> saw_device_entry_{false};
@@ -759,7 +778,7 @@ Status Engine::Impl::EnqueueGroup(std::vector<TensorEntry> entries) {
       incoming_.push_back(std::move(prepared[i]));
       queued_any = true;
     }
-    if (queued_any) idle_cycles_ = 0;
+    if (queued_any) idle_cycles_ = empty_cycles_ = 0;
   }
   if (queued_any && !TryCycleOnThisThread()) wake_cv_.notify_one();
   Status first_error;
@@ -910,6 +929,17 @@ bool Engine::Impl::WaitForWork() {
   const auto period =
       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
           std::chrono::duration<double, std::milli>(period_ms));
+  if (work_left_ && empty_cycles_ >= kEmptyCyclesBeforeBackoff) {
+    // Entries pending, but the last cycles agreed on none of them.
+    const int doublings =
+        std::min(empty_cycles_ - kEmptyCyclesBeforeBackoff, 16);
+    const auto backoff = std::min<std::chrono::steady_clock::duration>(
+        kFirstEmptyCycleBackoff * (1 << doublings), kMaxEmptyCycleBackoff);
+    wake_cv_.wait_until(lock, last_cycle_end_ + backoff, [this] {
+      return !incoming_.empty() || shutdown_requested_ || cycles_ended_;
+    });
+    return !cycles_ended_;
+  }
   bool timed_out = false;
   while (incoming_.empty() && !work_left_ && !shutdown_requested_ &&
          !cycles_ended_) {
@@ -927,10 +957,15 @@ bool Engine::Impl::WaitForWork() {
 bool Engine::Impl::RunCycleLocked(bool on_op_thread) {
   const void* outer = cycle_owner_on_this_thread;
   cycle_owner_on_this_thread = this;
+  const int64_t responses_before = fast_responses_ + slow_responses_;
   const bool go_on = RunCycle(on_op_thread);
+  // A whole cycle (its rendezvous done) that agreed on nothing pending.
+  const bool empty = stage_ == CycleStage::kIdle && !pending_.empty() &&
+                     fast_responses_ + slow_responses_ == responses_before;
   cycle_owner_on_this_thread = outer;
   if (!go_on) cycling_ = false;
   std::lock_guard<std::mutex> lock(mu_);
+  empty_cycles_ = empty ? empty_cycles_ + 1 : 0;
   work_left_ = !pending_.empty() || stage_ != CycleStage::kIdle;
   last_cycle_end_ = std::chrono::steady_clock::now();
   if (!go_on) cycles_ended_ = true;

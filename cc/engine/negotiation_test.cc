@@ -306,6 +306,44 @@ TEST(Negotiation, IdleRanksBackOffAndStillCycle) {
   }
 }
 
+// Ranks that submit two collectives in opposite orders agree on nothing
+// until each has submitted both; meanwhile their cycles must not spin
+// through empty rendezvous as fast as the ranks can meet (engine.cc,
+// kEmptyCyclesBeforeBackoff), yet must go on cycling, and both collectives
+// complete.  With the back-off, 200 ms crossed run at most about 32 +
+// 200 ms / 128 us = 1600 cycles on any machine; without it, 2200 through
+// this in-process transport on the 2-core development VM (and hundreds of
+// thousands a second through shared memory).
+TEST(Negotiation, CrossedSubmissionsBackOffAndStillCycle) {
+  const int n = 2;
+  Cluster c(n);
+  std::vector<int64_t> crossed_cycles(n);
+  OnEveryRank(n, [&](int rank) {
+    std::vector<char> in = Buffer(DataType::kFloat32, 1);
+    std::vector<char> out_a = Buffer(DataType::kFloat32, 1);
+    std::vector<char> out_b = Buffer(DataType::kFloat32, 1);
+    Set(DataType::kFloat32, &in, 0, rank + 1);
+    const std::string first = rank == 0 ? "a" : "b";
+    const std::string second = rank == 0 ? "b" : "a";
+    Engine* engine = c.engines[rank].get();
+    const int64_t before = engine->stats().cycles;
+    auto f1 = Submit(engine, AllreduceEntry(first, DataType::kFloat32, {1}, in,
+                                            rank == 0 ? &out_a : &out_b));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    crossed_cycles[rank] = engine->stats().cycles - before;
+    auto f2 = Submit(engine, AllreduceEntry(second, DataType::kFloat32, {1},
+                                            in, rank == 0 ? &out_b : &out_a));
+    ASSERT_TRUE(Await(&f1).ok());
+    ASSERT_TRUE(Await(&f2).ok());
+    EXPECT_EQ(Get(DataType::kFloat32, out_a, 0), 3.0);
+    EXPECT_EQ(Get(DataType::kFloat32, out_b, 0), 3.0);
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_GE(crossed_cycles[r], 40) << "rank " << r;
+    EXPECT_LE(crossed_cycles[r], 1700) << "rank " << r;
+  }
+}
+
 // A full cache forgets its least recently used entry: a stream of one-shot
 // names (say, names with a step counter) must not keep a recurring
 // collective off the fast path, and the evictions must keep the bits
