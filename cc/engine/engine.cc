@@ -913,24 +913,9 @@ void Engine::Impl::Loop() {
 
 bool Engine::Impl::WaitForWork() {
   std::unique_lock<std::mutex> lock(mu_);
-  // Sleep only when this rank has nothing in flight.  With pending entries
-  // the other ranks are about to submit theirs (or are slow), and we must
-  // be in the next cycle's rendezvous when they do: sleeping here would add
-  // up to the idle period to every collective whose ranks arrive a little
-  // apart.  The transport's rendezvous waits without spinning.  Idle, a
-  // rank still cycles once per idle period (counted from its last cycle,
-  // wherever that ran), so that peers waiting in a cycle hear from it; the
-  // period grows from cycle_time_ms while the rank stays idle
-  // (kMaxIdlePeriodMs).
-  const double cap_ms = std::max(config_.cycle_time_ms, kMaxIdlePeriodMs);
-  const double period_ms =
-      std::min(cap_ms, std::ldexp(config_.cycle_time_ms,
-                                  std::min(idle_cycles_, 30)));
-  const auto period =
-      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-          std::chrono::duration<double, std::milli>(period_ms));
   if (work_left_ && empty_cycles_ >= kEmptyCyclesBeforeBackoff) {
-    // Entries pending, but the last cycles agreed on none of them.
+    // Entries pending, but the last cycles agreed on none of them: wait a
+    // little before the next rendezvous, unless this rank submits.
     const int doublings =
         std::min(empty_cycles_ - kEmptyCyclesBeforeBackoff, 16);
     const auto backoff = std::min<std::chrono::steady_clock::duration>(
@@ -940,6 +925,22 @@ bool Engine::Impl::WaitForWork() {
     });
     return !cycles_ended_;
   }
+  // Otherwise sleep only when this rank has nothing in flight.  With
+  // pending entries the other ranks are about to submit theirs (or are
+  // slow), and we must be in the next cycle's rendezvous when they do:
+  // sleeping here would add up to the idle period to every collective whose
+  // ranks arrive a little apart.  The transport's rendezvous waits without
+  // spinning.  Idle, a rank still cycles once per idle period (counted from
+  // its last cycle, wherever that ran), so that peers waiting in a cycle
+  // hear from it; the period grows from cycle_time_ms while the rank stays
+  // idle (kMaxIdlePeriodMs).
+  const double cap_ms = std::max(config_.cycle_time_ms, kMaxIdlePeriodMs);
+  const double period_ms =
+      std::min(cap_ms, std::ldexp(config_.cycle_time_ms,
+                                  std::min(idle_cycles_, 30)));
+  const auto period =
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double, std::milli>(period_ms));
   bool timed_out = false;
   while (incoming_.empty() && !work_left_ && !shutdown_requested_ &&
          !cycles_ended_) {
