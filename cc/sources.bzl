@@ -12,6 +12,7 @@ COMMON_SRCS = [
     "logging.cc",
     "reduce_kernels.cc",
     "stream.cc",
+    "streaming_copy.cc",
 ]
 
 # //cc/common:mpi_checks.

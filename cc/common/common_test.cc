@@ -8,6 +8,7 @@
 #include "cc/common/common.h"
 #include "cc/common/float16.h"
 #include "cc/common/reduce_kernels.h"
+#include "cc/common/streaming_copy.h"
 #include <gtest/gtest.h>
 
 namespace mpistrategy {
@@ -324,6 +325,35 @@ TEST(ReduceKernels, MinMaxPropagateNanAndInt8Wraps) {
   std::vector<uint8_t> u(64, 200), v(64, 200);
   ReduceInto(DataType::kUint8, ReduceOp::kSum, u.data(), v.data(), 64);
   EXPECT_EQ(v[0], 144);
+}
+
+// Every size around the streaming threshold and every misalignment of either
+// side: the bytes arrive as memcpy's would, and nothing outside the
+// destination range is written.
+TEST(StreamingCopy, CopiesLikeMemcpy) {
+  const std::vector<int64_t> sizes = {
+      0, 1, 15, 63, kMinStreamingCopyBytes - 1, kMinStreamingCopyBytes,
+      kMinStreamingCopyBytes + 1, kMinStreamingCopyBytes + 63, 3 << 20};
+  std::vector<char> src((3 << 20) + 128);
+  for (size_t i = 0; i < src.size(); ++i) {
+    src[i] = static_cast<char>(i * 131 + 7);
+  }
+  for (int64_t bytes : sizes) {
+    for (int src_offset : {0, 1, 16, 33}) {
+      for (int dst_offset : {0, 3, 16, 47}) {
+        std::vector<char> dst(bytes + 128, '#');
+        StreamingCopy(dst.data() + dst_offset, src.data() + src_offset, bytes);
+        ASSERT_EQ(std::memcmp(dst.data() + dst_offset,
+                              src.data() + src_offset, bytes),
+                  0)
+            << bytes << " bytes, offsets " << src_offset << "/" << dst_offset;
+        for (int64_t i = 0; i < dst_offset; ++i) ASSERT_EQ(dst[i], '#');
+        for (int64_t i = dst_offset + bytes; i < bytes + 128; ++i) {
+          ASSERT_EQ(dst[i], '#') << bytes << " bytes, byte " << i;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

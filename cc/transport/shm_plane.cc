@@ -18,6 +18,7 @@
 
 #include "cc/common/checks.h"
 #include "cc/common/reduce_kernels.h"
+#include "cc/common/streaming_copy.h"
 #include "cc/transport/peer_wait.h"
 
 namespace mpistrategy {
@@ -278,7 +279,8 @@ Status ShmPlane::Barrier() {
 }
 
 void ShmPlane::ReduceSlots(const char* const* srcs, char* dst, int64_t count,
-                           DataType dtype, ReduceOp op, char* also_to) {
+                           DataType dtype, ReduceOp op, bool dst_for_peers,
+                           char* also_to) {
   const int64_t esize = DataTypeSize(dtype);
   const int64_t per_block = kBlockBytes / esize;
   char* block = block_.data();
@@ -291,7 +293,11 @@ void ShmPlane::ReduceSlots(const char* const* srcs, char* dst, int64_t count,
     }
     // Checked by the caller (CheckMean): cannot fail.
     if (op == ReduceOp::kMean) DivideInPlace(dtype, block, n, size_);
-    std::memcpy(dst + offset, block, n * esize);
+    if (dst_for_peers) {
+      StreamingCopy(dst + offset, block, n * esize);
+    } else {
+      std::memcpy(dst + offset, block, n * esize);
+    }
     if (also_to != nullptr) std::memcpy(also_to + offset, block, n * esize);
   }
 }
@@ -319,13 +325,17 @@ void ForEachPiece(const std::vector<int64_t>& starts, int64_t begin,
 }  // namespace
 
 void ShmPlane::CopyIn(const AllreducePart* parts, int64_t begin, int64_t n,
-                      int64_t esize, char* to) const {
+                      int64_t esize, char* to, bool for_peers) const {
   ForEachPiece(starts_, begin, n,
                [&](int k, int64_t in_part, int64_t in_range, int64_t count) {
-                 std::memcpy(to + in_range * esize,
-                             static_cast<const char*>(parts[k].in) +
-                                 in_part * esize,
-                             count * esize);
+                 char* piece = to + in_range * esize;
+                 const char* from = static_cast<const char*>(parts[k].in) +
+                                    in_part * esize;
+                 if (for_peers) {
+                   StreamingCopy(piece, from, count * esize);
+                 } else {
+                   std::memcpy(piece, from, count * esize);
+                 }
                });
 }
 
@@ -376,7 +386,7 @@ Status ShmPlane::RunAllreduce(const AllreducePart* parts, int num_parts,
     // barrier instead of two, and no copy out; the two slot sets alternate,
     // so a rank may write its next slot while a slower one still reads this
     // one (it cannot pass the next barrier before that one is done).
-    CopyIn(parts, 0, count, esize, Slot(rank_));
+    CopyIn(parts, 0, count, esize, Slot(rank_), /*for_peers=*/false);
     MPISTRATEGY_RETURN_IF_ERROR(Barrier());
     ForEachPiece(
         starts_, 0, count,
@@ -402,9 +412,12 @@ Status ShmPlane::RunAllreduce(const AllreducePart* parts, int num_parts,
     // This rank's own share skips its slot: the peers only read the other
     // shares from it, and this rank reduces its share straight from its
     // input into its output and into the slot (for the peers).  That saves
-    // a copy in and a copy out of 1/size of the bytes.
-    CopyIn(parts, done, lo, esize, Slot(rank_));
-    CopyIn(parts, done + hi, n - hi, esize, Slot(rank_) + hi * esize);
+    // a copy in and a copy out of 1/size of the bytes.  What goes into the
+    // slot is read by the other ranks' cores next, so it bypasses this
+    // core's caches (streaming_copy.h).
+    CopyIn(parts, done, lo, esize, Slot(rank_), /*for_peers=*/true);
+    CopyIn(parts, done + hi, n - hi, esize, Slot(rank_) + hi * esize,
+           /*for_peers=*/true);
     MPISTRATEGY_RETURN_IF_ERROR(Barrier());
     ForEachPiece(
         starts_, done + lo, hi - lo,
@@ -414,6 +427,7 @@ Status ShmPlane::RunAllreduce(const AllreducePart* parts, int num_parts,
           srcs_[rank_] =
               static_cast<const char*>(parts[k].in) + in_part * esize;
           ReduceSlots(srcs_.data(), Slot(rank_) + at, elements, dtype, op,
+                      /*dst_for_peers=*/true,
                       static_cast<char*>(parts[k].out) + in_part * esize);
         });
     MPISTRATEGY_RETURN_IF_ERROR(Barrier());

@@ -149,17 +149,20 @@ class ShmPlane : public DataPlane {
   Status RunAllreduce(const AllreducePart* parts, int num_parts,
                       DataType dtype, ReduceOp op);
   // Copies elements [begin, begin + n) of the parts laid end to end: out of
-  // their inputs to `to` (CopyIn), or from `from` to their outputs
-  // (CopyOut).  starts_ holds the parts' first elements.
+  // their inputs to `to` (CopyIn; with non-temporal stores when `for_peers`,
+  // see streaming_copy.h), or from `from` to their outputs (CopyOut).
+  // starts_ holds the parts' first elements.
   void CopyIn(const AllreducePart* parts, int64_t begin, int64_t n,
-              int64_t esize, char* to) const;
+              int64_t esize, char* to, bool for_peers) const;
   void CopyOut(const AllreducePart* parts, int64_t begin, int64_t n,
                int64_t esize, const char* from) const;
   // dst[0, count) = srcs[0] op srcs[1] op ... (size_ sources, rank order),
   // divided by size_ for kMean, and the same into also_to unless null; dst
-  // and also_to may each be one of the sources.
+  // and also_to may each be one of the sources.  `dst_for_peers`: dst is a
+  // slot that other ranks read next (non-temporal stores).
   void ReduceSlots(const char* const* srcs, char* dst, int64_t count,
-                   DataType dtype, ReduceOp op, char* also_to = nullptr);
+                   DataType dtype, ReduceOp op, bool dst_for_peers = false,
+                   char* also_to = nullptr);
 
   const int rank_;
   const int size_;
