@@ -1,5 +1,7 @@
 #include "cc/transport/host_plane.h"
 
+#include <algorithm>
+
 #include "cc/common/reduce_kernels.h"
 
 namespace mpistrategy {
@@ -19,10 +21,25 @@ Status NeedHost(const Stream* stream) {
 Status HostPlane::Allreduce(const void* in, void* out, int64_t count,
                             DataType dtype, ReduceOp op, Stream* stream) {
   MPISTRATEGY_RETURN_IF_ERROR(NeedHost(stream));
-  MPISTRATEGY_RETURN_IF_ERROR(
-      transport_->Allreduce(in, out, count, dtype, SumForMean(op)));
-  if (op != ReduceOp::kMean) return Status::Ok();
-  return DivideInPlace(dtype, out, count, divisor());
+  // Every rank sees the same count and transport, so all split alike.
+  const int64_t esize = DataTypeSize(dtype);
+  const int64_t piece = OnOneHost()
+                            ? std::max<int64_t>(1, kOneHostPieceBytes / esize)
+                            : std::max<int64_t>(1, count);
+  int64_t done = 0;
+  do {
+    const int64_t n = std::min(piece, count - done);
+    const char* src = static_cast<const char*>(in) + done * esize;
+    char* dst = static_cast<char*>(out) + done * esize;
+    MPISTRATEGY_RETURN_IF_ERROR(
+        transport_->Allreduce(src, dst, n, dtype, SumForMean(op)));
+    // The piece was just written: its division reads it from cache.
+    if (op == ReduceOp::kMean) {
+      MPISTRATEGY_RETURN_IF_ERROR(DivideInPlace(dtype, dst, n, divisor()));
+    }
+    done += n;
+  } while (done < count);
+  return Status::Ok();
 }
 
 Status HostPlane::Allgatherv(const void* in, void* out,

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "cc/common/common.h"
+#include "cc/common/stream.h"
 #include "cc/device/fake_device.h"
 #include "cc/transport/fake_transport.h"
 #include "cc/transport/hierarchical_plane.h"
@@ -230,6 +231,44 @@ TEST(HostPlane, RefusesDeviceStreams) {
   Status s = plane.Allreduce(&x, &x, 1, DataType::kFloat32, ReduceOp::kSum,
                              &stream);
   EXPECT_EQ(s.code(), StatusCode::kInternal);
+}
+
+// Ranks on one host: Allreduce goes to the transport in pieces.  Counts
+// across several pieces with a remainder, in place and out of place, sum and
+// mean; a piece that is skipped, repeated or misplaced changes an element.
+TEST(HostPlane, OneHostAllreducesInPieces) {
+  const int n = 3;
+  auto world = FakeWorld::Create(n, n);
+  const int64_t piece = HostPlane::kOneHostPieceBytes / 4;
+  OnEveryRank(n, [&](int rank) {
+    HostPlane plane(world->CreateTransport(rank));
+    HostStream stream;
+    for (int64_t count : {piece - 1, piece, 2 * piece + 7}) {
+      std::vector<float> in(count);
+      for (int64_t i = 0; i < count; ++i) in[i] = rank * 1000 + i % 997;
+      std::vector<float> sum(count);
+      ASSERT_TRUE(plane.Allreduce(in.data(), sum.data(), count,
+                                  DataType::kFloat32, ReduceOp::kSum, &stream)
+                      .ok());
+      ASSERT_TRUE(plane.Allreduce(in.data(), in.data(), count,
+                                  DataType::kFloat32, ReduceOp::kMean, &stream)
+                      .ok());
+      for (int64_t i = 0; i < count; ++i) {
+        const float want = 3000.0f + n * (i % 997);
+        ASSERT_EQ(sum[i], want) << "count " << count << " element " << i;
+        ASSERT_FLOAT_EQ(in[i], want / n) << "count " << count << " element "
+                                         << i;
+      }
+    }
+    // Eight-byte elements: pieces of half as many elements.
+    const int64_t count = HostPlane::kOneHostPieceBytes / 8 * 3 + 1;
+    std::vector<int64_t> values(count);
+    for (int64_t i = 0; i < count; ++i) values[i] = (rank + 1) * i;
+    ASSERT_TRUE(plane.Allreduce(values.data(), values.data(), count,
+                                DataType::kInt64, ReduceOp::kMax, &stream)
+                    .ok());
+    for (int64_t i = 0; i < count; ++i) ASSERT_EQ(values[i], n * i);
+  });
 }
 
 // The fake stream itself: work runs later and in order; events order two
