@@ -18,10 +18,12 @@ class HostPlane : public DataPlane {
  public:
   // Where every rank shares one host, Allreduce hands the transport pieces
   // of at most this many bytes.  Open MPI reduces a large buffer through
-  // main memory; pieces that stay in a core's cache took 64 MB from about
-  // 1.0x raw MPI to 0.3x on the development VM (bench/RESULTS.md section
-  // 19), and kMean divides each piece while it is still cached.
-  static constexpr int64_t kOneHostPieceBytes = int64_t{256} << 10;
+  // main memory; pieces that stay in the caches took 64 MB from about 1.0x
+  // raw MPI to 0.35-0.64x on the development VM, and kMean divides each
+  // piece while it is still cached.  Smaller pieces were faster still
+  // without single-copy (CMA) but made 4 MB twice as slow with it
+  // (bench/RESULTS.md section 19).
+  static constexpr int64_t kOneHostPieceBytes = int64_t{1} << 20;
 
   // `transport`: not owned; outlives the plane.
   explicit HostPlane(Transport* transport) : transport_(transport) {}
