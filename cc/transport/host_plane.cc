@@ -23,9 +23,7 @@ Status HostPlane::Allreduce(const void* in, void* out, int64_t count,
   MPISTRATEGY_RETURN_IF_ERROR(NeedHost(stream));
   // Every rank sees the same count and transport, so all split alike.
   const int64_t esize = DataTypeSize(dtype);
-  const int64_t piece = OnOneHost()
-                            ? std::max<int64_t>(1, kOneHostPieceBytes / esize)
-                            : std::max<int64_t>(1, count);
+  const int64_t piece = OnOneHost() ? kOneHostPieceBytes / esize : count;
   int64_t done = 0;
   do {
     const int64_t n = std::min(piece, count - done);

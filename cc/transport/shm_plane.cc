@@ -35,6 +35,17 @@ constexpr int64_t kBlockBytes = 8 << 10;
 
 int64_t RoundUp(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
+// With non-temporal stores when another rank's core reads `dst` next (a
+// slot; streaming_copy.h), else memcpy.
+void CopyForReader(char* dst, const char* src, int64_t bytes,
+                   bool other_ranks_read_next) {
+  if (other_ranks_read_next) {
+    StreamingCopy(dst, src, bytes);
+  } else {
+    std::memcpy(dst, src, bytes);
+  }
+}
+
 Status NeedHost(const Stream* stream) {
   if (stream == nullptr || !stream->host_synchronous()) {
     return Status::Internal(
@@ -293,11 +304,7 @@ void ShmPlane::ReduceSlots(const char* const* srcs, char* dst, int64_t count,
     }
     // Checked by the caller (CheckMean): cannot fail.
     if (op == ReduceOp::kMean) DivideInPlace(dtype, block, n, size_);
-    if (dst_for_peers) {
-      StreamingCopy(dst + offset, block, n * esize);
-    } else {
-      std::memcpy(dst + offset, block, n * esize);
-    }
+    CopyForReader(dst + offset, block, n * esize, dst_for_peers);
     if (also_to != nullptr) std::memcpy(also_to + offset, block, n * esize);
   }
 }
@@ -328,14 +335,10 @@ void ShmPlane::CopyIn(const AllreducePart* parts, int64_t begin, int64_t n,
                       int64_t esize, char* to, bool for_peers) const {
   ForEachPiece(starts_, begin, n,
                [&](int k, int64_t in_part, int64_t in_range, int64_t count) {
-                 char* piece = to + in_range * esize;
-                 const char* from = static_cast<const char*>(parts[k].in) +
-                                    in_part * esize;
-                 if (for_peers) {
-                   StreamingCopy(piece, from, count * esize);
-                 } else {
-                   std::memcpy(piece, from, count * esize);
-                 }
+                 CopyForReader(to + in_range * esize,
+                               static_cast<const char*>(parts[k].in) +
+                                   in_part * esize,
+                               count * esize, for_peers);
                });
 }
 
