@@ -7,20 +7,24 @@
   pair whose other end (`v-H`) is a port of `br0`; `eth0` gets
   10.77.0.<i>/24, i = 1, 2, ...;
 * a hosts file (`H` -> its address) that `agent.sh` bind-mounts over
-  /etc/hosts, and a UTS namespace with hostname H for every command run on H.
+  /etc/hosts, and a UTS namespace with hostname H for every command run on H;
+* per host H a directory on a tmpfs of the hosts' own that `agent.sh`
+  bind-mounts over /dev/shm, so that every host has a /dev/shm of its own
+  and a job killed on it leaves nothing in the machine's /dev/shm.
 
 Nothing is created in the root network namespace, and the only addresses
 are the ones above, so the machine's own networking is untouched and no
 other address is reachable from the hosts.  `down()` kills every process in
 the host namespaces (by PID, from `ip netns pids`) and deletes the
-namespaces, which removes every interface with them.  Three things make
-sure that happens even when a test run dies half-way:
+namespaces, which removes every interface with them, unmounts the hosts'
+tmpfs and removes their files.
+Three things make sure that happens even when a test run dies half-way:
   * the pytest fixture calls `down()` in a `finally` and from `atexit`;
   * a guardian process (this file run as a script) waits for the owner to
     die and then removes the owner's namespaces, for the cases in which no
     Python code runs any more (SIGKILL, pytest-timeout's os._exit);
-  * `sweep_stale()`, run before every set-up, removes the namespaces of
-    owners that no longer exist.
+  * `sweep_stale()`, run before every set-up, removes the namespaces and
+    files of owners that no longer exist.
 
 `probe()` says why namespaces cannot be used here (not root, no `ip`, no
 `unshare`, the kernel or container forbids them), or returns None.
@@ -105,17 +109,38 @@ def _remove(names):
     raise RuntimeError("could not delete namespaces: " + "; ".join(errors))
 
 
+def _stale(name):
+  match = _OWNED.match(name)
+  return match is not None and not alive(int(match.group(1)))
+
+
 def sweep_stale():
-  """Removes the namespaces of earlier runs whose owner process is gone.
+  """Removes the namespaces and files of runs whose owner process is gone.
 
   Returns:
-    The names removed.
+    The namespaces removed.
   """
-  stale = [ns for ns in namespaces()
-           if _OWNED.match(ns) and not alive(int(_OWNED.match(ns).group(1)))]
+  stale = [ns for ns in namespaces() if _stale(ns)]
   if stale:
     _remove(stale)
+  parent = tempfile.gettempdir()
+  for name in os.listdir(parent):
+    if _stale(name) and os.path.isdir(os.path.join(parent, name)):
+      _remove_files(os.path.join(parent, name))
   return stale
+
+
+def _shm_root(workdir):
+  """Where the hosts' tmpfs is mounted (their /dev/shm directories)."""
+  return os.path.join(workdir, "shm")
+
+
+def _remove_files(workdir):
+  """Unmounts the hosts' tmpfs (lazily: a process may still hold it) and
+  removes `workdir`."""
+  if os.path.ismount(_shm_root(workdir)):
+    _run(["umount", "--lazy", _shm_root(workdir)], check=False)
+  shutil.rmtree(workdir, ignore_errors=True)
 
 
 def probe():
@@ -170,6 +195,10 @@ class SimulatedHosts:
   def ns(self, host):
     return self.prefix + host
 
+  def shm_dir(self, host):
+    """The directory that is /dev/shm on `host` (while the hosts are up)."""
+    return os.path.join(_shm_root(self.workdir), host)
+
   # ------------------------------------------------------------ set-up
   def up(self):
     """Creates the namespaces, the bridge, the veths and the hosts file.
@@ -186,6 +215,7 @@ class SimulatedHosts:
         f.write(f"{self.address[host]} {host}\n")
     self._start_guardian()
     try:
+      self._mount_shm()
       self._add_ns(self.bridge_ns)
       br = ["ip", "-n", self.bridge_ns]
       _run(br + ["link", "add", "br0", "type", "bridge"])
@@ -209,6 +239,24 @@ class SimulatedHosts:
       self.down()
       raise
     return self
+
+  def _mount_shm(self):
+    """A tmpfs as large as the machine's /dev/shm, a directory per host.
+
+    Mounted in the machine's mount namespace, under the work directory, so
+    that a command on one host can still start one on another (mpirun on
+    hosta runs `agent.sh hostb ...`, whose /dev/shm directory the bind
+    mount over hosta's /dev/shm would hide were it under /dev/shm).
+    """
+    root = _shm_root(self.workdir)
+    os.makedirs(root)
+    fs = os.statvfs("/dev/shm") if os.path.isdir("/dev/shm") else None
+    size = f"size={fs.f_blocks * fs.f_frsize}," if fs and fs.f_blocks else ""
+    _run(["mount", "-t", "tmpfs", "-o", f"{size}mode=0755",
+          f"{NS_PREFIX}{self.owner}", root])
+    for host in self.names:
+      os.makedirs(self.shm_dir(host))
+      os.chmod(self.shm_dir(host), 0o1777)  # as /dev/shm
 
   def _add_ns(self, ns):
     _run(["ip", "netns", "add", ns])
@@ -236,7 +284,7 @@ class SimulatedHosts:
         self._guardian.wait()
         self._guardian = None
       if self.workdir:
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        _remove_files(self.workdir)
         self.workdir = None
 
   # ------------------------------------------------------------- use
@@ -244,6 +292,7 @@ class SimulatedHosts:
     """Variables `agent.sh` needs (put them in the job's environment)."""
     return {"MULTIHOST_NS_PREFIX": self.prefix,
             "MULTIHOST_HOSTS_FILE": self.hosts_file,
+            "MULTIHOST_SHM_DIR": _shm_root(self.workdir),
             "MULTIHOST_GONE_DIR": self._gone_dir()}
 
   def _gone_dir(self):
@@ -339,7 +388,7 @@ def _guard(owner, prefix, workdir):
   mine = [ns for ns in namespaces() if ns.startswith(prefix)]
   if mine:
     _remove(mine)
-  shutil.rmtree(workdir, ignore_errors=True)
+  _remove_files(workdir)
 
 
 if __name__ == "__main__":
