@@ -304,6 +304,117 @@ TEST(ReduceKernels, Divide16RoundsTheFloatQuotient) {
             StatusCode::kInvalidArgument);
 }
 
+// ReducePair is ReduceInto followed, for a MEAN, by Divide, bit for bit, for
+// every dtype, op, divisor, length and alignment, with `out` separate or
+// either input; a divisor other than 1 is refused where no MEAN divides.
+template <typename T>
+void ExpectReducePairIsReduceThenDivide(DataType dtype,
+                                        const std::vector<T>& values) {
+  const int v = static_cast<int>(values.size());
+  const bool floating = IsFloatingDataType(dtype);
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kProduct,
+                      ReduceOp::kMin, ReduceOp::kMax}) {
+    for (int64_t divisor : {1, 2, 3, 4, 7}) {
+      const bool divides = divisor > 1 && op == ReduceOp::kMean && floating;
+      for (int64_t count : {0, 1, 15, 16, 17, 100}) {
+        for (int offset : {0, 1}) {
+          std::vector<T> a(offset + count), b(offset + count);
+          for (int64_t i = 0; i < count; ++i) {
+            a[offset + i] = values[i % v];
+            b[offset + i] = values[(i / v + 3 * i) % v];
+          }
+          T* pa = a.data() + offset;
+          T* pb = b.data() + offset;
+          std::vector<T> want = a;  // op(a, b): a is inout's side
+          ReduceInto(dtype, op, pb, want.data() + offset, count);
+          if (divides) {
+            ASSERT_TRUE(DivideInPlace(dtype, want.data() + offset, count,
+                                      divisor)
+                            .ok());
+          }
+          std::vector<T> out(offset + count), into_a = a, into_b = b;
+          const Status s = ReducePair(dtype, op, pa, pb, out.data() + offset,
+                                      count, divisor);
+          if (divisor > 1 && !divides) {
+            EXPECT_EQ(s.code(), StatusCode::kInvalidArgument)
+                << DataTypeName(dtype) << " op " << static_cast<int>(op);
+            continue;
+          }
+          ASSERT_TRUE(s.ok()) << s.message();
+          ASSERT_TRUE(ReducePair(dtype, op, into_a.data() + offset, pb,
+                                 into_a.data() + offset, count, divisor)
+                          .ok());
+          ASSERT_TRUE(ReducePair(dtype, op, pa, into_b.data() + offset,
+                                 into_b.data() + offset, count, divisor)
+                          .ok());
+          for (int64_t i = 0; i < count; ++i) {
+            for (const std::vector<T>* got : {&out, &into_a, &into_b}) {
+              ASSERT_TRUE(
+                  SameValue(op, (*got)[offset + i], want[offset + i]))
+                  << DataTypeName(dtype) << " op " << static_cast<int>(op)
+                  << " / " << divisor << ", element " << i << " of "
+                  << count;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(ReduceKernels, ReducePairIsReduceThenDivide) {
+  const std::vector<double> reals = {
+      0.0, -0.0, 1.0, -3.0, 1.0 / 3.0, 0.7, 7.0, 1e30, -11.3, 5e-324,
+      std::numeric_limits<double>::infinity(), std::nan("")};
+  std::vector<float> f;
+  std::vector<double> d;
+  std::vector<uint16_t> h, bf;
+  for (double x : reals) {
+    f.push_back(static_cast<float>(x));
+    d.push_back(x);
+    h.push_back(FloatToHalf(static_cast<float>(x)));
+    bf.push_back(FloatToBFloat16(static_cast<float>(x)));
+  }
+  ExpectReducePairIsReduceThenDivide<float>(DataType::kFloat32, f);
+  ExpectReducePairIsReduceThenDivide<double>(DataType::kFloat64, d);
+  ExpectReducePairIsReduceThenDivide<int32_t>(
+      DataType::kInt32, {0, 1, -7, 3, std::numeric_limits<int32_t>::max(),
+                         std::numeric_limits<int32_t>::min()});
+  ExpectReducePairIsReduceThenDivide<int64_t>(DataType::kInt64,
+                                              {0, 1, -7, 1LL << 62});
+  ExpectReducePairIsReduceThenDivide<uint8_t>(DataType::kUint8,
+                                              {0, 1, 200, 255});
+  ExpectReducePairIsReduceThenDivide<int8_t>(DataType::kInt8,
+                                             {0, 1, -128, 127});
+  ExpectReducePairIsReduceThenDivide<uint8_t>(DataType::kBool, {0, 1});
+}
+
+// The same for 16-bit floats, compared as bits (their NaNs come from the
+// float conversion, the same in both).
+TEST(ReduceKernels, ReducePairOf16BitFloatsRoundsTheSumThenTheQuotient) {
+  for (DataType dtype : {DataType::kFloat16, DataType::kBFloat16}) {
+    const bool half = dtype == DataType::kFloat16;
+    std::vector<uint16_t> a, b;
+    for (float x : {0.0f, 1.0f, -3.0f, 65504.0f, 1e-7f, 0.3333f, 1000.5f,
+                    2049.0f, std::numeric_limits<float>::infinity()}) {
+      for (float y : {1.0f, 0.001f, -2.5f, 65504.0f, 3.0f}) {
+        a.push_back(half ? FloatToHalf(x) : FloatToBFloat16(x));
+        b.push_back(half ? FloatToHalf(y) : FloatToBFloat16(y));
+      }
+    }
+    for (int64_t divisor : {1, 2, 3, 8}) {
+      std::vector<uint16_t> want = a, got(a.size());
+      ReduceInto(dtype, ReduceOp::kMean, b.data(), want.data(), want.size());
+      ASSERT_TRUE(
+          DivideInPlace(dtype, want.data(), want.size(), divisor).ok());
+      ASSERT_TRUE(ReducePair(dtype, ReduceOp::kMean, a.data(), b.data(),
+                             got.data(), got.size(), divisor)
+                      .ok());
+      EXPECT_EQ(got, want) << DataTypeName(dtype) << " / " << divisor;
+    }
+  }
+}
+
 TEST(ReduceKernels, MinMaxPropagateNanAndInt8Wraps) {
   const float nan = std::nanf("");
   for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax}) {

@@ -52,6 +52,11 @@ struct MaxOp {
   }
 };
 
+// A power of two has an exact reciprocal, and then x * (1 / d) is the same
+// IEEE result as x / d (both round the same exact value once), subnormals,
+// infinities and NaN included; multiplying is several times cheaper.
+bool IsPowerOfTwo(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
 // One float of a 16-bit reduction (Reduce16): the same rules as above.
 float CombineFloat(ReduceOp op, float a, float b) {
   switch (op) {
@@ -68,79 +73,122 @@ float CombineFloat(ReduceOp op, float a, float b) {
   return a;
 }
 
-// inout[i] = op(inout[i], in[i]) on elements of type E (the dtype's type,
+// No division after the combination (every op but a MEAN's last pass).
+struct Keep {
+  template <typename V>
+  V operator()(V v) const { return v; }
+};
+// A MEAN's division by a power of two: its exact reciprocal (IsPowerOfTwo).
+template <typename T>
+struct MultiplyBy {
+  T r;
+  template <typename V>
+  V operator()(V v) const { return v * r; }
+};
+template <typename T>
+struct DivideBy {
+  T d;
+  template <typename V>
+  V operator()(V v) const { return v / d; }
+};
+
+// out[i] = finish(op(a[i], b[i])) on elements of type E (the dtype's type,
 // or its unsigned twin for wrapping arithmetic), 32 bytes at a time:
 // explicit SIMD whatever the optimisation level (-O2 does not vectorise a
-// loop of unknown length), and safe when `in == inout`.
-template <typename E, typename Op>
-__attribute__((always_inline)) inline void CombineLoop(const void* in,
-                                                       void* inout,
-                                                       int64_t count, Op op) {
+// loop of unknown length), and safe when `out` is `a` or `b` (each block is
+// loaded before it is stored).
+template <typename E, typename Op, typename Finish>
+__attribute__((always_inline)) inline void CombineLoop(const void* a,
+                                                       const void* b,
+                                                       void* out,
+                                                       int64_t count, Op op,
+                                                       Finish finish) {
   typedef E Vector __attribute__((vector_size(32)));
   constexpr int64_t kLanes = sizeof(Vector) / sizeof(E);
-  const char* src = static_cast<const char*>(in);
-  char* dst = static_cast<char*>(inout);
+  const char* x = static_cast<const char*>(a);
+  const char* y = static_cast<const char*>(b);
+  char* dst = static_cast<char*>(out);
   int64_t i = 0;
   for (; i + kLanes <= count; i += kLanes) {
-    Vector a, b;
-    std::memcpy(&a, dst + i * sizeof(E), sizeof(a));  // unaligned loads
-    std::memcpy(&b, src + i * sizeof(E), sizeof(b));
-    a = op(a, b);
-    std::memcpy(dst + i * sizeof(E), &a, sizeof(a));
+    Vector u, v;
+    std::memcpy(&u, x + i * sizeof(E), sizeof(u));  // unaligned loads
+    std::memcpy(&v, y + i * sizeof(E), sizeof(v));
+    u = finish(op(u, v));
+    std::memcpy(dst + i * sizeof(E), &u, sizeof(u));
   }
   for (; i < count; ++i) {
-    E a, b;
-    std::memcpy(&a, dst + i * sizeof(E), sizeof(E));
-    std::memcpy(&b, src + i * sizeof(E), sizeof(E));
-    a = static_cast<E>(op(a, b));
-    std::memcpy(dst + i * sizeof(E), &a, sizeof(E));
+    E u, v;
+    std::memcpy(&u, x + i * sizeof(E), sizeof(E));
+    std::memcpy(&v, y + i * sizeof(E), sizeof(E));
+    u = static_cast<E>(finish(static_cast<E>(op(u, v))));
+    std::memcpy(dst + i * sizeof(E), &u, sizeof(E));
   }
 }
 
 template <typename T>
-MPISTRATEGY_AVX2_CLONES void ReduceTyped(ReduceOp op, const void* in,
-                                         void* inout, int64_t count) {
+MPISTRATEGY_AVX2_CLONES void ReduceTyped(ReduceOp op, const void* a,
+                                         const void* b, void* out,
+                                         int64_t count, int64_t divisor) {
   using Wrapping = typename std::conditional<std::is_integral<T>::value,
                                              std::make_unsigned<T>,
                                              std::common_type<T>>::type::type;
   switch (op) {
     case ReduceOp::kSum:
+      return CombineLoop<Wrapping>(a, b, out, count, SumOp(), Keep());
     case ReduceOp::kMean:
-      return CombineLoop<Wrapping>(in, inout, count, SumOp());
+      // Only floating dtypes divide (ReducePair refuses a divisor otherwise).
+      if constexpr (std::is_floating_point<T>::value) {
+        if (divisor > 1 && IsPowerOfTwo(divisor)) {
+          return CombineLoop<T>(a, b, out, count, SumOp(),
+                                MultiplyBy<T>{T(1) / static_cast<T>(divisor)});
+        }
+        if (divisor > 1) {
+          return CombineLoop<T>(a, b, out, count, SumOp(),
+                                DivideBy<T>{static_cast<T>(divisor)});
+        }
+      }
+      return CombineLoop<Wrapping>(a, b, out, count, SumOp(), Keep());
     case ReduceOp::kProduct:
-      return CombineLoop<Wrapping>(in, inout, count, ProductOp());
+      return CombineLoop<Wrapping>(a, b, out, count, ProductOp(), Keep());
     case ReduceOp::kMin:
-      return CombineLoop<T>(in, inout, count, MinOp());
+      return CombineLoop<T>(a, b, out, count, MinOp(), Keep());
     case ReduceOp::kMax:
-      return CombineLoop<T>(in, inout, count, MaxOp());
+      return CombineLoop<T>(a, b, out, count, MaxOp(), Keep());
   }
 }
 
+// The sum (or other op) is rounded to 16 bits before the division, as
+// ReduceInto and then Divide would round it.
 template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
-void Reduce16(ReduceOp op, const void* in, void* inout, int64_t count) {
-  const uint16_t* src = static_cast<const uint16_t*>(in);
-  uint16_t* dst = static_cast<uint16_t*>(inout);
+void Reduce16(ReduceOp op, const void* a, const void* b, void* out,
+              int64_t count, int64_t divisor) {
+  const uint16_t* x = static_cast<const uint16_t*>(a);
+  const uint16_t* y = static_cast<const uint16_t*>(b);
+  uint16_t* dst = static_cast<uint16_t*>(out);
+  const bool divide = op == ReduceOp::kMean && divisor > 1;
+  const bool multiply = IsPowerOfTwo(divisor);
+  const float d = static_cast<float>(divisor);
+  const float r = 1.0f / d;
   for (int64_t i = 0; i < count; ++i) {
-    dst[i] = FromFloat(CombineFloat(op, ToFloat(dst[i]), ToFloat(src[i])));
+    uint16_t v = FromFloat(CombineFloat(op, ToFloat(x[i]), ToFloat(y[i])));
+    if (divide) v = FromFloat(multiply ? ToFloat(v) * r : ToFloat(v) / d);
+    dst[i] = v;
   }
 }
 
-void ReduceBool(ReduceOp op, const void* in, void* inout, int64_t count) {
-  const uint8_t* src = static_cast<const uint8_t*>(in);
-  uint8_t* dst = static_cast<uint8_t*>(inout);
+void ReduceBool(ReduceOp op, const void* a, const void* b, void* out,
+                int64_t count) {
+  const uint8_t* x = static_cast<const uint8_t*>(a);
+  const uint8_t* y = static_cast<const uint8_t*>(b);
+  uint8_t* dst = static_cast<uint8_t*>(out);
   const bool is_or = op == ReduceOp::kSum || op == ReduceOp::kMean ||
                      op == ReduceOp::kMax;
   for (int64_t i = 0; i < count; ++i) {
-    const bool a = dst[i] != 0;
-    const bool b = src[i] != 0;
-    dst[i] = static_cast<uint8_t>(is_or ? (a || b) : (a && b));
+    const bool u = x[i] != 0;
+    const bool v = y[i] != 0;
+    dst[i] = static_cast<uint8_t>(is_or ? (u || v) : (u && v));
   }
 }
-
-// A power of two has an exact reciprocal, and then x * (1 / d) is the same
-// IEEE result as x / d (both round the same exact value once), subnormals,
-// infinities and NaN included; multiplying is several times cheaper.
-bool IsPowerOfTwo(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
 template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
 void Divide16(const void* in, void* out, int64_t count, int64_t divisor) {
@@ -191,26 +239,51 @@ MPISTRATEGY_AVX2_CLONES void DivideTyped(const void* in, void* out, int64_t coun
 
 void ReduceInto(DataType dtype, ReduceOp op, const void* in, void* inout,
                 int64_t count) {
+  // Cannot fail without a divisor.
+  ReducePair(dtype, op, inout, in, inout, count, /*divisor=*/1);
+}
+
+Status ReducePair(DataType dtype, ReduceOp op, const void* a, const void* b,
+                  void* out, int64_t count, int64_t divisor) {
+  if (divisor != 1) {
+    if (divisor <= 0 || op != ReduceOp::kMean || !IsFloatingDataType(dtype)) {
+      return Status::InvalidArgument(
+          std::string("cannot reduce ") + DataTypeName(dtype) +
+          " values and divide by " + std::to_string(divisor) +
+          " (only a MEAN of a floating dtype divides, by a positive count)");
+    }
+  }
   switch (dtype) {
     case DataType::kUint8:
-      return ReduceTyped<uint8_t>(op, in, inout, count);
+      ReduceTyped<uint8_t>(op, a, b, out, count, divisor);
+      break;
     case DataType::kInt8:
-      return ReduceTyped<int8_t>(op, in, inout, count);
+      ReduceTyped<int8_t>(op, a, b, out, count, divisor);
+      break;
     case DataType::kBool:
-      return ReduceBool(op, in, inout, count);
+      ReduceBool(op, a, b, out, count);
+      break;
     case DataType::kInt32:
-      return ReduceTyped<int32_t>(op, in, inout, count);
+      ReduceTyped<int32_t>(op, a, b, out, count, divisor);
+      break;
     case DataType::kInt64:
-      return ReduceTyped<int64_t>(op, in, inout, count);
+      ReduceTyped<int64_t>(op, a, b, out, count, divisor);
+      break;
     case DataType::kFloat16:
-      return Reduce16<HalfToFloat, FloatToHalf>(op, in, inout, count);
+      Reduce16<HalfToFloat, FloatToHalf>(op, a, b, out, count, divisor);
+      break;
     case DataType::kBFloat16:
-      return Reduce16<BFloat16ToFloat, FloatToBFloat16>(op, in, inout, count);
+      Reduce16<BFloat16ToFloat, FloatToBFloat16>(op, a, b, out, count,
+                                                 divisor);
+      break;
     case DataType::kFloat32:
-      return ReduceTyped<float>(op, in, inout, count);
+      ReduceTyped<float>(op, a, b, out, count, divisor);
+      break;
     case DataType::kFloat64:
-      return ReduceTyped<double>(op, in, inout, count);
+      ReduceTyped<double>(op, a, b, out, count, divisor);
+      break;
   }
+  return Status::Ok();
 }
 
 Status Divide(DataType dtype, const void* in, void* out, int64_t count,

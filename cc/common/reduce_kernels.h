@@ -1,7 +1,9 @@
 // Element-wise host reductions over the engine's dtypes.
 //
 // Used by FakeTransport (all reductions), the MPI transport (float16 and
-// bfloat16 user-defined MPI_Ops) and the engine (MEAN = SUM / size).
+// bfloat16 user-defined MPI_Ops), the shared-memory plane (ReducePair: its
+// MEAN divides in the last pass of its sum) and the engine (MEAN = SUM /
+// size).
 // float16/bfloat16 values are widened to float32, combined and rounded back
 // (round to nearest even) element by element.  bool: kSum/kMax are logical
 // OR, kMin/kProduct logical AND.  kMean combines like kSum.
@@ -18,6 +20,19 @@ namespace mpistrategy {
 // inout[i] = op(inout[i], in[i]) for i in [0, count).  Thread-compatible.
 void ReduceInto(DataType dtype, ReduceOp op, const void* in, void* inout,
                 int64_t count);
+
+// out[i] = op(a[i], b[i]) for i in [0, count), then, for a MEAN with
+// `divisor` > 1, divided by `divisor`: in one pass, each element rounded
+// bit for bit as ReduceInto followed by Divide would round it.  A reduction
+// of several buffers combines the first two into its result and then each
+// further one into that, dividing in the last pass only.  `out` may be `a`
+// or `b`; otherwise no two overlap.
+//
+// Returns:
+//   InvalidArgument where `divisor` is not 1 and the op is not a MEAN of a
+//   floating dtype, or `divisor` is not positive.
+Status ReducePair(DataType dtype, ReduceOp op, const void* a, const void* b,
+                  void* out, int64_t count, int64_t divisor);
 
 // out[i] = in[i] / divisor for floating dtypes (float16/bfloat16 are
 // rounded back to nearest even), bit for bit as the scalar division (a

@@ -295,15 +295,17 @@ void ShmPlane::ReduceSlots(const char* const* srcs, char* dst, int64_t count,
   const int64_t esize = DataTypeSize(dtype);
   const int64_t per_block = kBlockBytes / esize;
   char* block = block_.data();
+  // MEAN divides in the last pass over the block, not in one of its own.
+  const int64_t divisor = op == ReduceOp::kMean ? size_ : 1;
   for (int64_t i = 0; i < count; i += per_block) {
     const int64_t n = std::min(per_block, count - i);
     const int64_t offset = i * esize;
-    std::memcpy(block, srcs[0] + offset, n * esize);
+    // One pass per further rank: the first combines two slots into the
+    // block.  Checked by the caller (CheckMean; size_ > 1): cannot fail.
     for (int q = 1; q < size_; ++q) {
-      ReduceInto(dtype, op, srcs[q] + offset, block, n);
+      ReducePair(dtype, op, q == 1 ? srcs[0] + offset : block,
+                 srcs[q] + offset, block, n, q == size_ - 1 ? divisor : 1);
     }
-    // Checked by the caller (CheckMean): cannot fail.
-    if (op == ReduceOp::kMean) DivideInPlace(dtype, block, n, size_);
     CopyForReader(dst + offset, block, n * esize, dst_for_peers);
     if (also_to != nullptr) std::memcpy(also_to + offset, block, n * esize);
   }
