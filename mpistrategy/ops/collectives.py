@@ -187,6 +187,9 @@ def grouped_allreduce(tensors, op=Sum, name=None, compression=None):
       tensor.  With `op=Average`, when at least one tensor is compressed the
       whole group is divided by the world size first and summed (so a
       float16 tensor in such a group is divided in float16 before the sum).
+      Without compression every tensor is averaged the way its own
+      `allreduce` averages it (float16 and bfloat16 divided before the sum,
+      the others after it).
 
   Returns:
     A list of `tf.Tensor`, one per input, each of its input's dtype.
@@ -212,9 +215,7 @@ def grouped_allreduce(tensors, op=Sum, name=None, compression=None):
   lib = runtime.started_library()
   tensor_name = _naming.tensor_name(name, "grouped_allreduce")
   if not any(compressor.compresses(t.dtype) for t in converted):
-    converted, op = _divide_first_if_16_bit(converted, op, lib)
-    return list(lib.ops.mpi_strategy_grouped_allreduce(
-        converted, reduce_op=op.value, tensor_name=tensor_name))
+    return _grouped_allreduce_uncompressed(converted, op, tensor_name, lib)
   # The wire is 16-bit, so a MEAN always divides first.
   converted, op = _mean_as_divided_sum(converted, op, lib)
   compressed = [compressor.compress(t) for t in converted]
@@ -223,6 +224,40 @@ def grouped_allreduce(tensors, op=Sum, name=None, compression=None):
       tensor_name=tensor_name)
   return [compressor.decompress(r, context)
           for r, (_, context) in zip(reduced, compressed)]
+
+
+def _grouped_allreduce_uncompressed(tensors, op, tensor_name, lib):
+  """`grouped_allreduce` without compression: each tensor as its own op.
+
+  One reduce op covers a group, but a float16/bfloat16 MEAN divides before
+  its sum and a float32/float64 MEAN after it.  A group with both is
+  therefore one SUM, its 16-bit tensors divided before it and the others
+  after it, so that every tensor is averaged the way its own `allreduce`
+  averages it.
+
+  Args:
+    tensors: the group's tensors.
+    op: the `ReduceOp` asked for.
+    tensor_name: the group's engine name.
+    lib: the loaded op library.
+
+  Returns:
+    The list of reduced tensors.
+  """
+  divide_after = []
+  if op == ReduceOp.MEAN and any(t.dtype in _DIVIDE_FIRST_DTYPES
+                                 for t in tensors):
+    world = lib.c.mpistrategy_size()
+    divide_after = [t.dtype not in _DIVIDE_FIRST_DTYPES for t in tensors]
+    tensors = [t if after else t / tf.cast(world, t.dtype)
+               for t, after in zip(tensors, divide_after)]
+    op = ReduceOp.SUM
+  reduced = list(lib.ops.mpi_strategy_grouped_allreduce(
+      tensors, reduce_op=op.value, tensor_name=tensor_name))
+  if any(divide_after):
+    reduced = [r / tf.cast(world, r.dtype) if after else r
+               for r, after in zip(reduced, divide_after)]
+  return reduced
 
 
 def _mean_as_divided_sum(tensors, op, lib):

@@ -270,6 +270,30 @@ def test_grouped_allreduce_mean_and_empty():
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_grouped_average_reduces_each_tensor_as_its_own_allreduce(mode):
+  # A float16 member makes the group one SUM; float32/float64 members must
+  # still divide their sum (not sum their quotients), and float16 divide
+  # first.  Integer values keep every sum exact in any order, so only where
+  # the division happens can move a bit (at 3 ranks: x / 3 is inexact).
+  n = 1000
+  def values(r, dtype):
+    return (np.arange(n) % 97 + 10 * r + 1).astype(dtype.as_numpy_dtype)
+  dtypes = [tf.float16, tf.float32, tf.float64, tf.bfloat16]
+  xs = [tf.constant(values(RANK, d), dtype=d) for d in dtypes]
+  ys = run(mode, lambda *t: ops.grouped_allreduce(
+      list(t), op=ops.Average, name=f"grouped/mean16/{mode}"), *xs)
+  for dtype, y in zip(dtypes, ys):
+    assert y.dtype == dtype
+    if dtype in (tf.float32, tf.float64):
+      np_dtype = dtype.as_numpy_dtype
+      total = sum(values(r, dtype) for r in range(SIZE))
+      np.testing.assert_array_equal(y.numpy(), total / np_dtype(SIZE))
+    else:
+      mean = sum(values(r, tf.float64) for r in range(SIZE)) / SIZE
+      np.testing.assert_allclose(as_float(y), mean, rtol=2e-2)
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("pack", [True, False])
 def test_grouped_allreduce_odd_sizes_and_mixed_dtypes(mode, pack):
   # Odd element counts put every packed tensor after padding (each output
