@@ -157,6 +157,19 @@ MPISTRATEGY_AVX2_CLONES void ReduceTyped(ReduceOp op, const void* a,
   }
 }
 
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void Divide16(const void* in, void* out, int64_t count, int64_t divisor) {
+  const uint16_t* src = static_cast<const uint16_t*>(in);
+  uint16_t* dst = static_cast<uint16_t*>(out);
+  const float d = static_cast<float>(divisor);
+  if (IsPowerOfTwo(divisor)) {
+    const float r = 1.0f / d;
+    for (int64_t i = 0; i < count; ++i) dst[i] = FromFloat(ToFloat(src[i]) * r);
+    return;
+  }
+  for (int64_t i = 0; i < count; ++i) dst[i] = FromFloat(ToFloat(src[i]) / d);
+}
+
 // The sum (or other op) is rounded to 16 bits before the division, as
 // ReduceInto and then Divide would round it.
 template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
@@ -165,14 +178,13 @@ void Reduce16(ReduceOp op, const void* a, const void* b, void* out,
   const uint16_t* x = static_cast<const uint16_t*>(a);
   const uint16_t* y = static_cast<const uint16_t*>(b);
   uint16_t* dst = static_cast<uint16_t*>(out);
-  const bool divide = op == ReduceOp::kMean && divisor > 1;
-  const bool multiply = IsPowerOfTwo(divisor);
-  const float d = static_cast<float>(divisor);
-  const float r = 1.0f / d;
   for (int64_t i = 0; i < count; ++i) {
-    uint16_t v = FromFloat(CombineFloat(op, ToFloat(x[i]), ToFloat(y[i])));
-    if (divide) v = FromFloat(multiply ? ToFloat(v) * r : ToFloat(v) / d);
-    dst[i] = v;
+    dst[i] = FromFloat(CombineFloat(op, ToFloat(x[i]), ToFloat(y[i])));
+  }
+  // A second pass: 16-bit MEANs are divided before the sum by the Python
+  // wrappers, so this one is rare.
+  if (op == ReduceOp::kMean && divisor > 1) {
+    Divide16<ToFloat, FromFloat>(out, out, count, divisor);
   }
 }
 
@@ -190,49 +202,43 @@ void ReduceBool(ReduceOp op, const void* a, const void* b, void* out,
   }
 }
 
-template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
-void Divide16(const void* in, void* out, int64_t count, int64_t divisor) {
-  const uint16_t* src = static_cast<const uint16_t*>(in);
-  uint16_t* dst = static_cast<uint16_t*>(out);
-  const float d = static_cast<float>(divisor);
-  if (IsPowerOfTwo(divisor)) {
-    const float r = 1.0f / d;
-    for (int64_t i = 0; i < count; ++i) dst[i] = FromFloat(ToFloat(src[i]) * r);
-    return;
-  }
-  for (int64_t i = 0; i < count; ++i) dst[i] = FromFloat(ToFloat(src[i]) / d);
-}
-
-// out[i] = in[i] / divisor (or * its exact reciprocal), 32 bytes at a time
-// through GCC/Clang vector types: explicit SIMD whatever the optimisation
-// level (-O2 does not vectorise a loop of unknown length), and safe when
-// `in == out` (each block is loaded before it is stored).
-template <typename T>
-MPISTRATEGY_AVX2_CLONES void DivideTyped(const void* in, void* out, int64_t count, int64_t divisor) {
+// out[i] = quotient(in[i]), 32 bytes at a time through GCC/Clang vector
+// types: explicit SIMD whatever the optimisation level (-O2 does not
+// vectorise a loop of unknown length), and safe when `in == out` (each
+// block is loaded before it is stored).
+template <typename T, typename Quotient>
+__attribute__((always_inline)) inline void DivideLoop(const void* in,
+                                                      void* out,
+                                                      int64_t count,
+                                                      Quotient quotient) {
   typedef T Vector __attribute__((vector_size(32)));
   constexpr int64_t kLanes = sizeof(Vector) / sizeof(T);
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
-  const bool multiply = IsPowerOfTwo(divisor);
-  const T d = static_cast<T>(divisor);
-  const T r = static_cast<T>(1) / d;
   int64_t i = 0;
   for (; i + kLanes <= count; i += kLanes) {
     Vector v;
     std::memcpy(&v, src + i * sizeof(T), sizeof(v));  // unaligned load
-    if (multiply) {
-      v = v * r;
-    } else {
-      v = v / d;
-    }
+    v = quotient(v);
     std::memcpy(dst + i * sizeof(T), &v, sizeof(v));
   }
   for (; i < count; ++i) {
     T x;
     std::memcpy(&x, src + i * sizeof(T), sizeof(T));
-    x = multiply ? x * r : x / d;
+    x = quotient(x);
     std::memcpy(dst + i * sizeof(T), &x, sizeof(T));
   }
+}
+
+// out[i] = in[i] / divisor (or * its exact reciprocal).
+template <typename T>
+MPISTRATEGY_AVX2_CLONES void DivideTyped(const void* in, void* out,
+                                         int64_t count, int64_t divisor) {
+  if (IsPowerOfTwo(divisor)) {
+    return DivideLoop<T>(in, out, count,
+                         MultiplyBy<T>{T(1) / static_cast<T>(divisor)});
+  }
+  DivideLoop<T>(in, out, count, DivideBy<T>{static_cast<T>(divisor)});
 }
 
 }  // namespace

@@ -22,8 +22,9 @@ void ReduceInto(DataType dtype, ReduceOp op, const void* in, void* inout,
                 int64_t count);
 
 // out[i] = op(a[i], b[i]) for i in [0, count), then, for a MEAN with
-// `divisor` > 1, divided by `divisor`: in one pass, each element rounded
-// bit for bit as ReduceInto followed by Divide would round it.  A reduction
+// `divisor` > 1, divided by `divisor`: in one pass (float16/bfloat16: two,
+// as ReduceInto and Divide), each element rounded bit for bit as ReduceInto
+// followed by Divide would round it.  A reduction
 // of several buffers combines the first two into its result and then each
 // further one into that, dividing in the last pass only.  `out` may be `a`
 // or `b`; otherwise no two overlap.
