@@ -13,6 +13,7 @@
 #include <sys/prctl.h>
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -22,6 +23,7 @@
 #include <limits>
 #include <list>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -363,21 +365,75 @@ Request MakeRequest(const TensorEntry& e, int rank, int size) {
   return q;
 }
 
+// The settings that every rank must share, as "key=value" in a fixed
+// order: `cache_capacity` sizes the bit vector of every negotiation cycle,
+// and `data_plane`, `shm_bytes` and `hierarchical_allreduce` decide which
+// collectives set up the data planes, so ranks that differ would pass MPI
+// mismatched calls.  The keys are Options' field names.
+std::vector<std::pair<std::string, std::string>> SharedSettings(
+    const EngineConfig& config) {
+  return {
+      {"cache_capacity", std::to_string(config.cache_capacity)},
+      {"data_plane", HostDataPlaneName(config.data_plane)},
+      {"shm_bytes", std::to_string(config.shm_bytes)},
+      {"hierarchical_allreduce",
+       config.hierarchical_allreduce ? "true" : "false"},
+  };
+}
+
+// SharedSettings as one line without ';' (values are names and numbers).
+std::string SharedSettingsLine(const EngineConfig& config) {
+  std::string line;
+  for (const auto& [key, value] : SharedSettings(config)) {
+    line += (line.empty() ? "" : ",") + key + "=" + value;
+  }
+  return line;
+}
+
+// The error for rank `rank`, whose settings line differs from rank 0's.
+std::string DisagreementMessage(const std::string& line0,
+                                const std::string& line, size_t rank) {
+  auto split = [](const std::string& text) {
+    std::vector<std::string> items;
+    size_t at = 0;
+    while (at <= text.size()) {
+      const size_t comma = std::min(text.find(',', at), text.size());
+      items.push_back(text.substr(at, comma - at));
+      at = comma + 1;
+    }
+    return items;
+  };
+  const std::vector<std::string> mine = split(line0);
+  const std::vector<std::string> theirs = split(line);
+  for (size_t i = 0; i < mine.size() && i < theirs.size(); ++i) {
+    if (mine[i] == theirs[i]) continue;
+    const size_t eq = mine[i].find('=');
+    const std::string key = mine[i].substr(0, eq);
+    std::string env = "MPISTRATEGY_" + key;
+    for (char& c : env) c = static_cast<char>(std::toupper(c));
+    return "ranks disagree on " + key + " (rank 0: " + mine[i].substr(eq + 1) +
+           ", rank " + std::to_string(rank) + ": " +
+           theirs[i].substr(theirs[i].find('=') + 1) + "); set " + env +
+           " (or Options." + key + ") alike on every rank";
+  }
+  return "ranks disagree on their settings (rank 0: " + line0 + ", rank " +
+         std::to_string(rank) + ": " + line + ")";
+}
+
 // Startup agreement, the first exchange of every engine: each rank tells
 // rank 0 whether it could start ("" or its error), rank 0 broadcasts the
 // first failure ("" when none).  A rank whose Engine::Create failed (it
 // cannot create its timeline file, say) still takes part, so the other
 // ranks fail their collectives with its reason instead of waiting for it
-// forever.  The same exchange checks the settings every rank must share:
-// `cache_capacity` sizes the bit vector of every negotiation cycle, so ranks
-// that differ would pass MPI mismatched counts.  It also gives every rank
-// every rank's host and pid (*peers, for messages).  Returns the agreed
-// failure, or OK.
+// forever.  The same exchange checks the settings every rank must share
+// (SharedSettings).  It also gives every rank every rank's host and pid
+// (*peers, for messages).  Returns the agreed failure, or OK.
 Status AgreeOnStartup(Transport* transport, const Status& mine,
-                      int32_t cache_capacity, std::vector<PeerInfo>* peers) {
+                      const EngineConfig& config,
+                      std::vector<PeerInfo>* peers) {
   const PeerInfo me = transport->peer_info();
-  // "<cache_capacity>;<host>;<pid>;<error or empty>"
-  std::string message = std::to_string(cache_capacity) + ";" + me.host + ";" +
+  // "<settings>;<host>;<pid>;<error or empty>"
+  std::string message = SharedSettingsLine(config) + ";" + me.host + ";" +
                         std::to_string(me.pid) + ";";
   if (!mine.ok()) {
     message += mpistrategy::DescribeRank(transport->rank(), {}) + " (host " + me.host +
@@ -391,7 +447,7 @@ Status AgreeOnStartup(Transport* transport, const Status& mine,
   std::string table;
   if (transport->rank() == 0) {
     for (std::string& m : all) {
-      // Move the host and pid out; what remains is "<capacity>;<error>".
+      // Move the host and pid out; what remains is "<settings>;<error>".
       const size_t a = m.find(';');
       const size_t b = m.find(';', a + 1);
       const size_t c = m.find(';', b + 1);
@@ -399,18 +455,15 @@ Status AgreeOnStartup(Transport* transport, const Status& mine,
                "\n";
       m = m.substr(0, a) + ";" + m.substr(c + 1);
     }
-    const std::string capacity0 = all[0].substr(0, all[0].find(';'));
+    const std::string settings0 = all[0].substr(0, all[0].find(';'));
     for (size_t r = 0; r < all.size() && first_failure.empty(); ++r) {
       const size_t split = all[r].find(';');
       const std::string error = all[r].substr(split + 1);
       if (!error.empty()) {
         first_failure = error;
-      } else if (all[r].substr(0, split) != capacity0) {
+      } else if (all[r].substr(0, split) != settings0) {
         first_failure =
-            "ranks disagree on cache_capacity (rank 0: " + capacity0 +
-            ", rank " + std::to_string(r) + ": " + all[r].substr(0, split) +
-            "); set MPISTRATEGY_CACHE_CAPACITY (or Options.cache_capacity) "
-            "alike on every rank";
+            DisagreementMessage(settings0, all[r].substr(0, split), r);
       }
     }
   }
@@ -832,8 +885,8 @@ void Engine::Impl::Loop() {
   // default slack of 50 us per sleep would stretch each of them.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
   std::vector<PeerInfo> peers;
-  const Status startup = AgreeOnStartup(transport_.get(), Status::Ok(),
-                                        config_.cache_capacity, &peers);
+  const Status startup =
+      AgreeOnStartup(transport_.get(), Status::Ok(), config_, &peers);
   if (!startup.ok()) {
     Fatal(startup.code() == StatusCode::kFailedPrecondition
               ? StatusCode::kFailedPrecondition
@@ -1533,7 +1586,7 @@ Status Engine::Create(const EngineConfig& config,
     // The other ranks' engines wait for this rank's startup report; failing
     // without it would leave them hanging (see AgreeOnStartup).
     std::vector<PeerInfo> peers;
-    AgreeOnStartup(transport.get(), local, config.cache_capacity, &peers);
+    AgreeOnStartup(transport.get(), local, config, &peers);
     return local;
   }
   std::unique_ptr<Engine> e(new Engine());

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <memory>
 #include <random>
@@ -929,29 +930,49 @@ TEST(Negotiation, MixedDtypeGroupsReduceBySegmentAndCompareDtypes) {
   });
 }
 
-// The bit vector of every cycle is sized by cache_capacity; ranks that
-// differ fail every collective naming the setting instead of handing MPI
-// mismatched counts.
-TEST(Negotiation, RanksMustAgreeOnCacheCapacity) {
-  auto world = FakeWorld::Create(2, 0, 30.0);
-  std::vector<std::unique_ptr<Engine>> engines(2);
-  for (int r = 0; r < 2; ++r) {
-    EngineConfig config = TestConfig();
-    config.cache_capacity = r == 0 ? 1024 : 0;
-    ASSERT_TRUE(
-        Engine::Create(config, world->CreateTransport(r), &engines[r]).ok());
+// The bit vector of every cycle is sized by cache_capacity, and the data
+// planes are set up by collectives that data_plane, shm_bytes and
+// hierarchical_allreduce decide: ranks that differ fail every collective
+// naming the setting instead of handing MPI mismatched calls.
+TEST(Negotiation, RanksMustAgreeOnSharedSettings) {
+  struct Case {
+    std::function<void(EngineConfig*)> differ;  // applied on rank 1
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {[](EngineConfig* c) { c->cache_capacity = 0; },
+       "ranks disagree on cache_capacity (rank 0: 1024, rank 1: 0); set "
+       "MPISTRATEGY_CACHE_CAPACITY (or Options.cache_capacity) alike on "
+       "every rank"},
+      {[](EngineConfig* c) { c->data_plane = HostDataPlane::kShm; },
+       "ranks disagree on data_plane (rank 0: mpi, rank 1: shm); set "
+       "MPISTRATEGY_DATA_PLANE (or Options.data_plane) alike on every rank"},
+      {[](EngineConfig* c) { c->shm_bytes = 1 << 20; },
+       "ranks disagree on shm_bytes (rank 0: 16777216, rank 1: 1048576)"},
+      {[](EngineConfig* c) { c->hierarchical_allreduce = true; },
+       "ranks disagree on hierarchical_allreduce (rank 0: false, rank 1: "
+       "true)"},
+  };
+  for (const Case& test : cases) {
+    auto world = FakeWorld::Create(2, 0, 30.0);
+    std::vector<std::unique_ptr<Engine>> engines(2);
+    for (int r = 0; r < 2; ++r) {
+      EngineConfig config = TestConfig();
+      config.data_plane = HostDataPlane::kMpi;
+      if (r == 1) test.differ(&config);
+      ASSERT_TRUE(
+          Engine::Create(config, world->CreateTransport(r), &engines[r]).ok());
+    }
+    OnEveryRank(2, [&](int rank) {
+      std::vector<char> in = Buffer(DataType::kFloat32, 4);
+      std::vector<char> out = Buffer(DataType::kFloat32, 4);
+      auto f = Submit(engines[rank].get(),
+                      AllreduceEntry("x", DataType::kFloat32, {4}, in, &out));
+      Status s = Await(&f);
+      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+      EXPECT_TRUE(Contains(s.message(), test.want)) << s.message();
+    });
   }
-  OnEveryRank(2, [&](int rank) {
-    std::vector<char> in = Buffer(DataType::kFloat32, 4);
-    std::vector<char> out = Buffer(DataType::kFloat32, 4);
-    auto f = Submit(engines[rank].get(),
-                    AllreduceEntry("x", DataType::kFloat32, {4}, in, &out));
-    Status s = Await(&f);
-    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
-    EXPECT_TRUE(Contains(s.message(), "ranks disagree on cache_capacity "
-                                      "(rank 0: 1024, rank 1: 0)"))
-        << s.message();
-  });
 }
 
 TEST(Negotiation, AllgatherDifferentFirstDims) {

@@ -119,3 +119,19 @@ def test_shm_that_cannot_be_used_fails_on_every_rank():
                      r"carry this job's CPU tensors: /dev/shm has \d+ bytes "
                      r"free, the segment needs"):
     ops.allreduce(tf.ones([5]))
+
+
+@pytest.mark.parametrize("field,first,others,shown", [
+    ("data_plane", "mpi", "shm", "rank 0: mpi, rank 1: shm"),
+    ("shm_bytes", 1 << 24, 1 << 21, "rank 0: 16777216, rank 1: 2097152"),
+])
+def test_ranks_that_disagree_on_the_data_plane_fail_on_every_rank(
+    field, first, others, shown):
+  # Each would set up its planes with different collectives (a hang, or
+  # calls matched to the wrong ones).
+  _restart(**{field: first if RANK == 0 else others})
+  with pytest.raises(tf.errors.FailedPreconditionError,
+                     match=f"ranks disagree on {field} \\({shown}\\); set "
+                     f"MPISTRATEGY_{field.upper()} \\(or Options.{field}\\) "
+                     "alike on every rank"):
+    ops.allreduce(tf.ones([5]))
