@@ -161,7 +161,8 @@ class Options:
       be used (one rank per host, hosts of different sizes, /dev/shm too
       small or missing) everything goes through MPI and rank 0 logs why
       once.  "mpi": MPI only.  "shm": as "auto", but a job that cannot use
-      shared memory fails to start, saying why.  Alltoall always uses MPI.
+      shared memory fails to start, saying why (a job of one process needs
+      no data plane and runs with any value).  Alltoall always uses MPI.
       The segment is unlinked from /dev/shm as soon as every rank of the
       host has mapped it, so nothing is left behind however the job ends.
     shm_bytes: Size of each host's shared-memory segment in bytes (taken

@@ -230,8 +230,16 @@ Status ValidatePackedGroup(const TensorEntry& e) {
   return Status::Ok();
 }
 
-// Local misuse, checked before anything is queued.
-Status ValidateEntry(const TensorEntry& e, int rank, int size) {
+// Collectives that split or concatenate their input along dimension 0.
+bool NeedsDim0(const TensorEntry& e) {
+  return e.type == CollectiveType::kAllgather ||
+         e.type == CollectiveType::kReducescatter ||
+         e.type == CollectiveType::kAlltoall;
+}
+
+// Misuse of the engine by its caller (the kernels), checked before anything
+// is queued; the error is returned at once.
+Status ValidateEntry(const TensorEntry& e, int rank) {
   if (e.name.empty()) {
     return Status::InvalidArgument("collective name must not be empty");
   }
@@ -255,38 +263,13 @@ Status ValidateEntry(const TensorEntry& e, int rank, int size) {
   }
   MPISTRATEGY_RETURN_IF_ERROR(CheckNoNegativeDimension(e, "shape", e.shape));
   const int64_t bytes = NumElements(e.shape) * DataTypeSize(e.dtype);
-  const bool reduces = e.type == CollectiveType::kAllreduce ||
-                       e.type == CollectiveType::kReducescatter;
-  // A mixed-dtype group's buffer is uint8; its tensors' dtypes are checked
-  // with the group.
-  if (e.packed_dtypes.empty() && reduces && e.reduce_op == ReduceOp::kMean &&
-      !IsFloatingDataType(e.dtype)) {
-    return Status::InvalidArgument(
-        Describe(e) + ": reduce_op mean needs a floating dtype (float16, "
-        "bfloat16, float32, float64), got " + DataTypeName(e.dtype) +
-        "; use sum and divide");
-  }
   if (!e.packed_shapes.empty() || !e.packed_dtypes.empty() ||
       !e.packed_inputs.empty() || !e.packed_outputs.empty()) {
     MPISTRATEGY_RETURN_IF_ERROR(ValidatePackedGroup(e));
   }
-  const bool needs_dim0 = e.type == CollectiveType::kAllgather ||
-                          e.type == CollectiveType::kReducescatter ||
-                          e.type == CollectiveType::kAlltoall;
-  if (needs_dim0 && e.shape.empty()) {
-    return Status::InvalidArgument(
-        Describe(e) + ": the input must have at least one dimension (it is "
-        "split or concatenated along dimension 0), got a scalar");
-  }
-  if (needs_dim0 && !e.allocate_output) {
+  if (NeedsDim0(e) && !e.allocate_output) {
     return Status::InvalidArgument(Describe(e) +
                                    ": `allocate_output` must be set");
-  }
-  if (e.type == CollectiveType::kBroadcast &&
-      (e.root_rank < 0 || e.root_rank >= size)) {
-    return Status::InvalidArgument(
-        Describe(e) + ": root_rank must be in [0, " + std::to_string(size) +
-        "), got " + std::to_string(e.root_rank));
   }
   const bool needs_output = e.type == CollectiveType::kAllreduce ||
                             e.type == CollectiveType::kBroadcast;
@@ -299,6 +282,38 @@ Status ValidateEntry(const TensorEntry& e, int rank, int size) {
   if (needs_input && bytes > 0 && e.input == nullptr &&
       e.packed_inputs.empty()) {
     return Status::InvalidArgument(Describe(e) + ": `input` is null");
+  }
+  return Status::Ok();
+}
+
+// Arguments that may be wrong on one rank only (a splits tensor computed
+// from that rank's data, say), checked after ValidateEntry.  An error here
+// is not returned at once: the request carries it (Request::invalid), so
+// that the collective fails on every rank instead of only here while the
+// others wait for this rank forever.
+Status CheckArguments(const TensorEntry& e, int size) {
+  if (e.type == CollectiveType::kBarrier) return Status::Ok();
+  const bool reduces = e.type == CollectiveType::kAllreduce ||
+                       e.type == CollectiveType::kReducescatter;
+  // A mixed-dtype group's buffer is uint8; its tensors' dtypes are checked
+  // with the group.
+  if (e.packed_dtypes.empty() && reduces && e.reduce_op == ReduceOp::kMean &&
+      !IsFloatingDataType(e.dtype)) {
+    return Status::InvalidArgument(
+        Describe(e) + ": reduce_op mean needs a floating dtype (float16, "
+        "bfloat16, float32, float64), got " + DataTypeName(e.dtype) +
+        "; use sum and divide");
+  }
+  if (NeedsDim0(e) && e.shape.empty()) {
+    return Status::InvalidArgument(
+        Describe(e) + ": the input must have at least one dimension (it is "
+        "split or concatenated along dimension 0), got a scalar");
+  }
+  if (e.type == CollectiveType::kBroadcast &&
+      (e.root_rank < 0 || e.root_rank >= size)) {
+    return Status::InvalidArgument(
+        Describe(e) + ": root_rank must be in [0, " + std::to_string(size) +
+        "), got " + std::to_string(e.root_rank));
   }
   if (e.type == CollectiveType::kAlltoall && !e.splits.empty()) {
     if (static_cast<int>(e.splits.size()) != size) {
@@ -337,14 +352,21 @@ Status ValidateEntry(const TensorEntry& e, int rank, int size) {
   return Status::Ok();
 }
 
-// The request this rank announces for a validated entry.  Fields that do not
-// apply to the collective are normalised so that comparisons ignore them.
-Request MakeRequest(const TensorEntry& e, int rank, int size) {
+// The request this rank announces for a validated entry; `arguments` is
+// CheckArguments' verdict.  Fields that do not apply to the collective are
+// normalised so that comparisons ignore them.
+Request MakeRequest(const TensorEntry& e, int rank, int size,
+                    const Status& arguments) {
   Request q;
   q.rank = rank;
   q.type = e.type;
   q.name = e.name;
   q.device = e.device;
+  if (!arguments.ok()) {
+    // The coordinator fails the collective with this; nothing else is read.
+    q.invalid = arguments.message();
+    return q;
+  }
   if (e.type == CollectiveType::kBarrier) return q;
   q.dtype = e.dtype;
   q.shape = e.shape;
@@ -812,9 +834,10 @@ Status Engine::Impl::EnqueueGroup(std::vector<TensorEntry> entries) {
   std::vector<Status> status(n);
   std::vector<PendingEntry> prepared(n);
   for (size_t i = 0; i < n; ++i) {
-    status[i] = ValidateEntry(entries[i], rank_, size_);
+    status[i] = ValidateEntry(entries[i], rank_);
     if (!status[i].ok()) continue;
-    prepared[i].request = MakeRequest(entries[i], rank_, size_);
+    prepared[i].request = MakeRequest(entries[i], rank_, size_,
+                                      CheckArguments(entries[i], size_));
     prepared[i].enqueued_seconds = clock_();
     if (entries[i].device != kCpuDevice) saw_device_entry_ = true;
   }
@@ -1110,7 +1133,11 @@ bool Engine::Impl::BeginCycle() {
       flags &= ~kFlagNoAnnouncedPending;
       continue;
     }
-    const int bit = cache_.size() > 0 ? cache_.Lookup(p.request, size_) : -1;
+    // A request with invalid arguments is never a cache hit: it must reach
+    // the coordinator, which fails it on every rank.
+    const int bit = cache_.size() > 0 && p.request.invalid.empty()
+                        ? cache_.Lookup(p.request, size_)
+                        : -1;
     // A blocking join is announced at once, so that the coordinator can see
     // a crossing (negotiator.h) even when the join is cached.
     if (bit < 0 || now - p.enqueued_seconds > announce_after_seconds_ ||

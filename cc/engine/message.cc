@@ -7,7 +7,7 @@ namespace mpistrategy {
 
 namespace {
 
-constexpr uint32_t kRequestListMagic = 0x4d525133;   // "MRQ3"
+constexpr uint32_t kRequestListMagic = 0x4d525134;   // "MRQ4"
 constexpr uint32_t kResponseListMagic = 0x4d525334;  // "MRS4"
 
 // Appends fixed-width little-endian-in-memory values.  All ranks run the same
@@ -135,6 +135,7 @@ void WriteRequest(const Request& q, Writer* w) {
   w->PutVector(q.splits);
   WriteShapes(q.packed_shapes, w);
   w->PutVector(q.packed_dtypes);
+  w->PutString(q.invalid);
 }
 
 bool ReadRequest(Reader* r, Request* q) {
@@ -147,7 +148,7 @@ bool ReadRequest(Reader* r, Request* q) {
                  static_cast<uint8_t>(ReduceOp::kProduct)) &&
          r->Get(&q->root_rank) && r->Get(&q->device) &&
          r->GetVector(&q->splits) && ReadShapes(r, &q->packed_shapes) &&
-         ReadDtypes(r, &q->packed_dtypes);
+         ReadDtypes(r, &q->packed_dtypes) && r->GetString(&q->invalid);
 }
 
 void WriteResponse(const Response& p, Writer* w) {
@@ -205,7 +206,8 @@ bool Request::operator==(const Request& o) const {
   return rank == o.rank && type == o.type && name == o.name &&
          dtype == o.dtype && shape == o.shape && reduce_op == o.reduce_op &&
          root_rank == o.root_rank && device == o.device && splits == o.splits &&
-         packed_shapes == o.packed_shapes && packed_dtypes == o.packed_dtypes;
+         packed_shapes == o.packed_shapes && packed_dtypes == o.packed_dtypes &&
+         invalid == o.invalid;
 }
 
 bool Response::operator==(const Response& o) const {

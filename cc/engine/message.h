@@ -37,6 +37,10 @@ struct Request {
   std::vector<Shape> packed_shapes;
   // TensorEntry::packed_dtypes (mixed-dtype groups); empty otherwise.
   std::vector<DataType> packed_dtypes;
+  // Why this rank's arguments are invalid (empty when they are valid; the
+  // fields above are then unset): the coordinator fails the collective on
+  // every rank with it, so that no rank waits for this one.
+  std::string invalid;
 
   bool operator==(const Request& other) const;
 };

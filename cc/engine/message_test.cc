@@ -25,6 +25,10 @@ RequestList SampleRequests() {
   Request b;
   b.name = "";  // empty name and shape survive too
   list.requests.push_back(b);
+  Request c;
+  c.name = "bad/alltoall";
+  c.invalid = "alltoall \"bad/alltoall\": splits [1] sum to 1 but ...";
+  list.requests.push_back(c);
   list.shutdown = true;
   list.shutdown_reason = "rank 2 raised ValueError: \xe2\x9c\x97 bad";
   return list;

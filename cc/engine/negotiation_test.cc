@@ -1199,35 +1199,11 @@ TEST(Negotiation, LocalMisuseIsInvalidArgument) {
     EXPECT_EQ(from_done.code(), StatusCode::kInvalidArgument);
     EXPECT_TRUE(Contains(s.message(), needle)) << s.message();
   };
-  check(AllreduceEntry("m", DataType::kInt32, {8}, in, &out, ReduceOp::kMean),
-        "mean");
+  check(AllreduceEntry("", DataType::kInt32, {8}, in, &out), "name");
   {
-    TensorEntry t = AllreduceEntry("b", DataType::kInt32, {8}, in, &out);
-    t.type = CollectiveType::kBroadcast;
-    t.root_rank = 2;
-    check(t, "root_rank");
-  }
-  {
-    Allocated a;
-    TensorEntry t = AllreduceEntry("g", DataType::kInt32, {}, in, &out);
-    t.type = CollectiveType::kAllgather;
-    AttachAllocator(&t, &a);
-    check(t, "scalar");
-    t.type = CollectiveType::kReducescatter;
-    check(t, "scalar");
-    t.type = CollectiveType::kAlltoall;
-    t.shape = {8};
-    t.splits = {3, 4};
-    check(t, "splits");
-    t.splits = {3, 4, 1};
-    check(t, "splits");
-    // A sum that would wrap around int64 (undefined, and with 3 ranks it
-    // could wrap to exactly the first dimension).
-    t.splits = {INT64_MAX, INT64_MAX};
-    check(t, "overflow int64");
-    t.splits = {};
-    t.shape = {3};
-    check(t, "divisible");
+    TensorEntry t = AllreduceEntry("null", DataType::kInt32, {8}, in, &out);
+    t.output = nullptr;
+    check(t, "`output` is null");
   }
   // Duplicate name in flight: rank 1 never submits "dup", so the first
   // stays pending.
@@ -1240,6 +1216,89 @@ TEST(Negotiation, LocalMisuseIsInvalidArgument) {
                        AllreduceEntry("dup", DataType::kInt32, {8}, in, &out1));
   EXPECT_TRUE(Await(&first).ok());
   EXPECT_TRUE(Await(&second).ok());
+}
+
+// Arguments that only one rank gets wrong (a splits tensor computed from
+// its own data, say) fail the collective on every rank, naming the rank,
+// instead of failing there at once while the others wait for it: also when
+// the name is cached, and the name works again afterwards.
+TEST(Negotiation, ArgumentsInvalidOnOneRankFailEveryRank) {
+  const int n = 3;
+  Cluster c(n);
+  OnEveryRank(n, [&](int rank) {
+    Engine* e = c.engines[rank].get();
+    std::vector<char> in = Buffer(DataType::kInt32, 8);
+    std::vector<char> out = Buffer(DataType::kInt32, 8);
+    Allocated a;
+    // Each case: rank 1's version of a valid entry, and what its error says.
+    struct Case {
+      std::function<void(TensorEntry*)> break_it;
+      std::string words;
+    };
+    const std::vector<Case> cases = {
+        {[](TensorEntry* t) { t->splits = {3, 4, 0}; },
+         "splits [3, 4, 0] sum to 7 but the first dimension of the input is "
+         "6"},
+        {[](TensorEntry* t) { t->splits = {6, -1, 1}; },
+         "splits must be >= 0, got [6, -1, 1]"},
+        {[](TensorEntry* t) { t->splits = {INT64_MAX, INT64_MAX, 2}; },
+         "overflow int64"},
+        {[](TensorEntry* t) {
+           t->splits = {};
+           t->shape = {4};
+         },
+         "must be divisible by the number of ranks (3)"},
+        {[](TensorEntry* t) { t->shape = {}; }, "got a scalar"},
+        {[](TensorEntry* t) {
+           t->type = CollectiveType::kBroadcast;
+           t->splits = {};
+           t->root_rank = 3;
+         },
+         "root_rank must be in [0, 3), got 3"},
+        {[](TensorEntry* t) {
+           t->type = CollectiveType::kAllreduce;
+           t->splits = {};
+           t->reduce_op = ReduceOp::kMean;
+         },
+         "reduce_op mean needs a floating dtype"},
+    };
+    auto entry = [&](const std::string& name) {
+      TensorEntry t;
+      t.type = CollectiveType::kAlltoall;
+      t.name = name;
+      t.dtype = DataType::kInt32;
+      t.shape = {6};
+      t.splits = {2, 2, 2};
+      t.input = in.data();
+      t.output = out.data();
+      AttachAllocator(&t, &a);
+      return t;
+    };
+    for (size_t k = 0; k < cases.size(); ++k) {
+      const std::string name = "case" + std::to_string(k);
+      TensorEntry good = entry(name);
+      if (k >= 5) cases[k].break_it(&good);  // a broadcast or an allreduce
+      if (k == 5) good.root_rank = 0;
+      if (k == 6) good.reduce_op = ReduceOp::kSum;
+      // Valid everywhere first, so that the name is cached on every rank.
+      {
+        auto f = Submit(e, good);
+        ASSERT_TRUE(Await(&f).ok()) << name;
+      }
+      TensorEntry t = good;
+      if (rank == 1) {
+        t = entry(name);
+        cases[k].break_it(&t);
+      }
+      auto f = Submit(e, std::move(t));
+      Status s = Await(&f);
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+      EXPECT_TRUE(Contains(s.message(), cases[k].words)) << s.message();
+      EXPECT_TRUE(Contains(s.message(), "(on rank 1)")) << s.message();
+      f = Submit(e, good);
+      EXPECT_TRUE(Await(&f).ok()) << name;
+    }
+  });
 }
 
 TEST(Negotiation, StallTimeoutFailsWaitingRanks) {

@@ -125,6 +125,17 @@ Response BuildResponse(const std::string& name,
                        const std::vector<Request>& requests) {
   Response response;
   response.names.push_back(name);
+  // A rank's invalid arguments first: the others' requests may agree with
+  // each other, and this is what is wrong.
+  for (const Request& q : requests) {
+    if (!q.invalid.empty()) {
+      response.type = ResponseType::kError;
+      response.error_code = StatusCode::kInvalidArgument;
+      response.error_message =
+          q.invalid + " (on rank " + std::to_string(q.rank) + ")";
+      return response;
+    }
+  }
   const Request& ref = requests[0];
   for (size_t r = 1; r < requests.size(); ++r) {
     std::string mismatch = CompareRequests(ref, requests[r]);

@@ -571,6 +571,23 @@ def test_alltoall_python_list_splits():
   np.testing.assert_array_equal(received.numpy(), splits)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_alltoall_splits_wrong_on_one_rank_fail_on_every_rank(mode):
+  # Splits computed from one rank's data that do not fit its tensor: every
+  # rank fails naming that rank (none waits for it), and the next
+  # collective works.
+  last = SIZE - 1
+  splits = [2] * SIZE if RANK == last else [1] * SIZE
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=f"splits \\[{', '.join(['2'] * SIZE)}\\] sum to "
+                     f"{2 * SIZE} but the first dimension of the input is "
+                     f"{SIZE} \\(on rank {last}\\)"):
+    run(mode, lambda t, s: ops.alltoall(t, splits=s),
+        tf.fill([SIZE], RANK), tf.constant(splits, tf.int64))
+  y, _ = ops.alltoall(tf.fill([SIZE], RANK))
+  np.testing.assert_array_equal(y.numpy(), np.arange(SIZE))
+
+
 # -------------------------------------------------- counts above int32
 
 # 2**31 + 1031 one-byte elements: more than a C int (an MPI count) holds, so
