@@ -1230,45 +1230,44 @@ TEST(Negotiation, ArgumentsInvalidOnOneRankFailEveryRank) {
     std::vector<char> in = Buffer(DataType::kInt32, 8);
     std::vector<char> out = Buffer(DataType::kInt32, 8);
     Allocated a;
-    // Each case: rank 1's version of a valid entry, and what its error says.
+    // Each case: a valid entry of `type`, what rank 1 breaks in it, and
+    // what the error says.
     struct Case {
+      CollectiveType type;
       std::function<void(TensorEntry*)> break_it;
       std::string words;
     };
+    const CollectiveType alltoall = CollectiveType::kAlltoall;
     const std::vector<Case> cases = {
-        {[](TensorEntry* t) { t->splits = {3, 4, 0}; },
+        {alltoall, [](TensorEntry* t) { t->splits = {3, 4, 0}; },
          "splits [3, 4, 0] sum to 7 but the first dimension of the input is "
          "6"},
-        {[](TensorEntry* t) { t->splits = {6, -1, 1}; },
+        {alltoall, [](TensorEntry* t) { t->splits = {6, -1, 1}; },
          "splits must be >= 0, got [6, -1, 1]"},
-        {[](TensorEntry* t) { t->splits = {INT64_MAX, INT64_MAX, 2}; },
+        {alltoall,
+         [](TensorEntry* t) { t->splits = {INT64_MAX, INT64_MAX, 2}; },
          "overflow int64"},
-        {[](TensorEntry* t) {
+        {alltoall,
+         [](TensorEntry* t) {
            t->splits = {};
            t->shape = {4};
          },
          "must be divisible by the number of ranks (3)"},
-        {[](TensorEntry* t) { t->shape = {}; }, "got a scalar"},
-        {[](TensorEntry* t) {
-           t->type = CollectiveType::kBroadcast;
-           t->splits = {};
-           t->root_rank = 3;
-         },
+        {alltoall, [](TensorEntry* t) { t->shape = {}; }, "got a scalar"},
+        {CollectiveType::kBroadcast, [](TensorEntry* t) { t->root_rank = 3; },
          "root_rank must be in [0, 3), got 3"},
-        {[](TensorEntry* t) {
-           t->type = CollectiveType::kAllreduce;
-           t->splits = {};
-           t->reduce_op = ReduceOp::kMean;
-         },
+        {CollectiveType::kAllreduce,
+         [](TensorEntry* t) { t->reduce_op = ReduceOp::kMean; },
          "reduce_op mean needs a floating dtype"},
     };
-    auto entry = [&](const std::string& name) {
+    // Six int32 elements; an alltoall sends two to each rank.
+    auto entry = [&](const std::string& name, CollectiveType type) {
       TensorEntry t;
-      t.type = CollectiveType::kAlltoall;
+      t.type = type;
       t.name = name;
       t.dtype = DataType::kInt32;
       t.shape = {6};
-      t.splits = {2, 2, 2};
+      if (type == alltoall) t.splits = {2, 2, 2};
       t.input = in.data();
       t.output = out.data();
       AttachAllocator(&t, &a);
@@ -1276,20 +1275,14 @@ TEST(Negotiation, ArgumentsInvalidOnOneRankFailEveryRank) {
     };
     for (size_t k = 0; k < cases.size(); ++k) {
       const std::string name = "case" + std::to_string(k);
-      TensorEntry good = entry(name);
-      if (k >= 5) cases[k].break_it(&good);  // a broadcast or an allreduce
-      if (k == 5) good.root_rank = 0;
-      if (k == 6) good.reduce_op = ReduceOp::kSum;
+      const TensorEntry good = entry(name, cases[k].type);
       // Valid everywhere first, so that the name is cached on every rank.
       {
         auto f = Submit(e, good);
         ASSERT_TRUE(Await(&f).ok()) << name;
       }
       TensorEntry t = good;
-      if (rank == 1) {
-        t = entry(name);
-        cases[k].break_it(&t);
-      }
+      if (rank == 1) cases[k].break_it(&t);
       auto f = Submit(e, std::move(t));
       Status s = Await(&f);
       EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
