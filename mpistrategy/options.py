@@ -155,16 +155,17 @@ class Options:
     data_plane: How CPU tensors travel.  "auto" (the default): through a
       POSIX shared-memory segment among the ranks of each host (each rank
       reduces its share of every rank's buffer, then copies the others'
-      shares), and when the job spans several hosts, with the same number
-      of ranks on each, MPI between hosts for allreduce (each rank's share
-      across hosts) and MPI for the other collectives; where that cannot
-      be used (one rank per host, hosts of different sizes, /dev/shm too
-      small or missing) everything goes through MPI and rank 0 logs why
-      once.  "mpi": MPI only.  "shm": as "auto", but a job that cannot use
-      shared memory fails to start, saying why (a job of one process needs
-      no data plane and runs with any value).  Alltoall always uses MPI.
-      The segment is unlinked from /dev/shm as soon as every rank of the
-      host has mapped it, so nothing is left behind however the job ends.
+      shares), and when the job spans several hosts, MPI between hosts for
+      allreduce (each rank's share across hosts, or each host's sum from
+      its first rank where hosts run different numbers of ranks) and MPI
+      for the other collectives; where that cannot be used (one rank per
+      host, /dev/shm too small or missing) everything goes through MPI and
+      rank 0 logs why once.  "mpi": MPI only.  "shm": as "auto", but a
+      job that cannot use shared memory fails to start, saying why (a job
+      of one process needs no data plane and runs with any value).
+      Alltoall always uses MPI.  The segment is unlinked from /dev/shm as
+      soon as every rank of the host has mapped it, so nothing is left
+      behind however the job ends.
     shm_bytes: Size of each host's shared-memory segment in bytes (taken
       from /dev/shm).  Tensors move through it in rounds of at most 1 MiB
       per rank (rounds that small are still in the caches when the other

@@ -6,15 +6,33 @@ namespace mpistrategy {
 
 HierarchicalPlane::HierarchicalPlane(std::unique_ptr<DataPlane> world,
                                      std::unique_ptr<DataPlane> local,
-                                     std::unique_ptr<DataPlane> cross)
+                                     std::unique_ptr<DataPlane> cross,
+                                     CrossHost cross_host)
     : world_(std::move(world)),
       local_(std::move(local)),
-      cross_(std::move(cross)) {}
+      cross_(std::move(cross)),
+      cross_host_(cross_host) {}
+
+Status HierarchicalPlane::AllreduceFromFirstRanks(const void* in, void* out,
+                                                  int64_t count,
+                                                  DataType dtype, ReduceOp op,
+                                                  Stream* stream) {
+  MPISTRATEGY_RETURN_IF_ERROR(
+      local_->Allreduce(in, out, count, dtype, SumForMean(op), stream));
+  if (local_->rank() == 0) {
+    MPISTRATEGY_RETURN_IF_ERROR(
+        cross_->Allreduce(out, out, count, dtype, op, stream));
+  }
+  return local_->Broadcast(out, count * DataTypeSize(dtype), 0, stream);
+}
 
 Status HierarchicalPlane::Allreduce(const void* in, void* out, int64_t count,
                                     DataType dtype, ReduceOp op,
                                     Stream* stream) {
   if (count == 0) return Status::Ok();
+  if (cross_host_ == CrossHost::kFirstRanks) {
+    return AllreduceFromFirstRanks(in, out, count, dtype, op, stream);
+  }
   const int local_size = local_->size();
   const int64_t element_size = DataTypeSize(dtype);
   const int64_t shard = (count + local_size - 1) / local_size;

@@ -688,18 +688,13 @@ Status MpiTransport::CreateHostPlane(HostDataPlane kind, int64_t shm_bytes,
   MPISTRATEGY_MPI_CHECK(
       MPI_Allreduce(MPI_IN_PLACE, sizes, 2, MPI_INT, MPI_MIN, comm_),
       "MPI_Allreduce(host sizes)");
-  std::string why;
-  if (-sizes[1] == 1) {
-    why = "no two ranks share a host";
-  } else if (sizes[0] != -sizes[1]) {
-    why = "the hosts run different numbers of ranks (" +
-          std::to_string(sizes[0]) + " to " + std::to_string(-sizes[1]) +
-          "), which hierarchical allreduce cannot split evenly";
-  }
+  const bool even_hosts = sizes[0] == -sizes[1];
   const bool one_host = local_size_ == size_;
+  std::string why = -sizes[1] == 1 ? "no two ranks share a host" : "";
+  // Hosts with one rank need no segment; the others map one each.
   std::unique_ptr<ShmPlane> shm;
   std::string host_why;
-  if (why.empty()) {
+  if (why.empty() && local_size_ > 1) {
     if (local_rank_ == 0) {
       for (const std::string& path : RemoveAbandonedShmSegments()) {
         LogLine(rank_, "removed " + path +
@@ -709,8 +704,10 @@ Status MpiTransport::CreateHostPlane(HostDataPlane kind, int64_t shm_bytes,
     }
     MPISTRATEGY_RETURN_IF_ERROR(ShmPlane::Create(
         local_comm_, shm_bytes, one_host ? world : nullptr, &shm, &host_why));
+  }
+  if (why.empty()) {
     // Every host must agree, or the hierarchical steps would not match.
-    int ok = shm != nullptr ? 1 : 0;
+    int ok = shm != nullptr || local_size_ == 1 ? 1 : 0;
     MPISTRATEGY_MPI_CHECK(
         MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm_),
         "MPI_Allreduce(shared memory set up)");
@@ -726,7 +723,7 @@ Status MpiTransport::CreateHostPlane(HostDataPlane kind, int64_t shm_bytes,
                              : host_why;
     }
   }
-  if (shm == nullptr) {
+  if (!why.empty()) {
     if (kind == HostDataPlane::kShm) {
       return Status::FailedPrecondition(
           "data_plane is \"shm\" but shared memory cannot carry this job's "
@@ -739,7 +736,7 @@ Status MpiTransport::CreateHostPlane(HostDataPlane kind, int64_t shm_bytes,
   auto hook = [this]() -> Status {
     return wait_hook_ ? wait_hook_() : Status::Ok();
   };
-  shm->SetWaitHook(hook);
+  if (shm != nullptr) shm->SetWaitHook(hook);
   if (one_host) {
     // The negotiation too: a rank waiting for the others sleeps until the
     // last one arrives instead of polling MPI (host_rendezvous.h).
@@ -748,8 +745,17 @@ Status MpiTransport::CreateHostPlane(HostDataPlane kind, int64_t shm_bytes,
     *plane = std::move(shm);
     return Status::Ok();
   }
-  // Across hosts: the ranks with this local rank, one per host.  kMean
-  // divides by all ranks, as each rank's shard is a sum over its host.
+  // Inside a host: shared memory, or nothing to share with one rank.
+  std::unique_ptr<DataPlane> local;
+  if (shm != nullptr) {
+    local = std::move(shm);
+  } else {
+    std::unique_ptr<Transport> self;
+    MPISTRATEGY_RETURN_IF_ERROR(MpiTransport::Create(MPI_COMM_SELF, &self));
+    local = std::make_unique<HostPlane>(std::move(self));
+  }
+  // Across hosts: the ranks with this local rank, one per host that has it.
+  // kMean divides by all ranks, as each rank's shard is a sum over its host.
   MPI_Comm cross_comm = MPI_COMM_NULL;
   MPISTRATEGY_MPI_CHECK(MPI_Comm_split(comm_, local_rank_, rank_, &cross_comm),
                         "MPI_Comm_split(cross-host)");
@@ -758,9 +764,20 @@ Status MpiTransport::CreateHostPlane(HostDataPlane kind, int64_t shm_bytes,
   MPI_Comm_free(&cross_comm);
   MPISTRATEGY_RETURN_IF_ERROR(s);
   cross->SetWaitHook(hook);
+  // Hosts of different sizes cannot split a buffer into the same shards:
+  // each host's first rank carries the host's whole sum across instead.
+  if (!even_hosts && rank_ == 0) {
+    LogLine(rank_, "the hosts run different numbers of ranks (" +
+                       std::to_string(sizes[0]) + " to " +
+                       std::to_string(-sizes[1]) +
+                       "): CPU allreduce crosses hosts from each host's "
+                       "first rank");
+  }
   plane->reset(new HierarchicalPlane(
-      std::make_unique<HostPlane>(this), std::move(shm),
-      std::make_unique<HostPlane>(std::move(cross), size_)));
+      std::make_unique<HostPlane>(this), std::move(local),
+      std::make_unique<HostPlane>(std::move(cross), size_),
+      even_hosts ? HierarchicalPlane::CrossHost::kShards
+                 : HierarchicalPlane::CrossHost::kFirstRanks));
   return Status::Ok();
 }
 

@@ -88,10 +88,11 @@ class MpiTransport : public Transport {
   Status TakeNotice(int* from_rank, std::string* bytes, bool* got) override;
 
   // data_plane "auto" / "shm": a ShmPlane (shm_plane.h) when the job runs
-  // on one host, a HierarchicalPlane (ShmPlane inside each host, MPI across,
-  // `world` for the rest) when every host has the same number of ranks.
-  // Where shared memory cannot be used (one rank per host, hosts of
-  // different sizes, /dev/shm too small), "auto" leaves *plane null and
+  // on one host, else a HierarchicalPlane (ShmPlane inside each host, MPI
+  // across, `world` for the rest): shards across hosts where every host has
+  // the same number of ranks, each host's first rank where they differ (a
+  // host of one rank has no segment).  Where shared memory cannot be used
+  // (one rank per host, /dev/shm too small), "auto" leaves *plane null and
   // rank 0 logs why once; "shm" fails with FailedPrecondition saying why.
   // Every rank decides alike.
   Status CreateHostPlane(HostDataPlane kind, int64_t shm_bytes,

@@ -4,6 +4,7 @@
 // element by element on every rank; the fake stream's delay makes the host
 // race ahead of it, so a missing synchronisation shows up as wrong data.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -36,19 +37,33 @@ void OnEveryRank(int n, Fn fn) {
 }
 
 // The planes of one rank: host staging over all ranks, or hierarchical
-// with `per_host` ranks on each simulated host.
+// with hosts[h] ranks on simulated host h (world ranks numbered host by
+// host).  As MpiTransport::CreateHostPlane splits them: a local world per
+// host, and per local rank l a cross world of the hosts that have rank l.
 struct Worlds {
-  Worlds(int n, int per_host) : n(n), per_host(per_host) {
-    world = FakeWorld::Create(n, per_host, 30.0);
-    if (per_host > 0) {
-      for (int h = 0; h < n / per_host; ++h) {
-        local.push_back(FakeWorld::Create(per_host, per_host, 30.0));
+  Worlds(std::vector<int> hosts, HierarchicalPlane::CrossHost cross_host)
+      : hosts(hosts), cross_host(cross_host) {
+    n = 0;
+    int most = 0;
+    for (int h = 0; h < static_cast<int>(hosts.size()); ++h) {
+      local.push_back(FakeWorld::Create(hosts[h], hosts[h], 30.0));
+      for (int l = 0; l < hosts[h]; ++l) {
+        host_of.push_back(h);
+        local_rank_of.push_back(l);
       }
-      for (int l = 0; l < per_host; ++l) {
-        cross.push_back(FakeWorld::Create(n / per_host, 1, 30.0));
-      }
+      n += hosts[h];
+      most = std::max(most, hosts[h]);
     }
+    for (int l = 0; l < most; ++l) {
+      int with_l = 0;
+      for (int size : hosts) with_l += size > l ? 1 : 0;
+      cross.push_back(FakeWorld::Create(with_l, 1, 30.0));
+    }
+    const bool even = most > 0 && n == most * static_cast<int>(hosts.size());
+    world = FakeWorld::Create(n, even ? most : 1, 30.0);
   }
+  // Staging over `n` ranks, no hosts.
+  explicit Worlds(int n) : n(n), world(FakeWorld::Create(n, 0, 30.0)) {}
 
   std::unique_ptr<DataPlane> Plane(int rank) {
     auto staging = [](std::unique_ptr<Transport> t, int64_t divisor) {
@@ -56,16 +71,23 @@ struct Worlds {
           std::make_unique<HostPlane>(std::move(t)), divisor));
     };
     std::unique_ptr<DataPlane> all = staging(world->CreateTransport(rank), 0);
-    if (per_host == 0) return all;
-    const int host = rank / per_host;
-    const int local_rank = rank % per_host;
+    if (hosts.empty()) return all;
+    const int host = host_of[rank];
+    const int local_rank = local_rank_of[rank];
+    // This host's index among the hosts that have `local_rank`.
+    int cross_rank = 0;
+    for (int h = 0; h < host; ++h) cross_rank += hosts[h] > local_rank ? 1 : 0;
     return std::unique_ptr<DataPlane>(new HierarchicalPlane(
         std::move(all), staging(local[host]->CreateTransport(local_rank), 0),
-        staging(cross[local_rank]->CreateTransport(host), n)));
+        staging(cross[local_rank]->CreateTransport(cross_rank), n),
+        cross_host));
   }
 
   int n;
-  int per_host;
+  std::vector<int> hosts;
+  HierarchicalPlane::CrossHost cross_host = HierarchicalPlane::CrossHost::kShards;
+  std::vector<int> host_of;
+  std::vector<int> local_rank_of;
   std::shared_ptr<FakeWorld> world;
   std::vector<std::shared_ptr<FakeWorld>> local;
   std::vector<std::shared_ptr<FakeWorld>> cross;
@@ -92,8 +114,8 @@ std::vector<float> Read(FakeStream* stream, const float* device,
   return std::vector<float>(device, device + count);
 }
 
-void CheckEveryCollective(int n, int per_host) {
-  Worlds worlds(n, per_host);
+void CheckEveryCollective(Worlds& worlds) {
+  const int n = worlds.n;
   OnEveryRank(n, [&](int rank) {
     FakeStream stream(DelayUs(rank));
     std::unique_ptr<DataPlane> plane = worlds.Plane(rank);
@@ -216,76 +238,41 @@ void CheckEveryCollective(int n, int per_host) {
   });
 }
 
-TEST(StagingPlane, EveryCollective2Ranks) { CheckEveryCollective(2, 0); }
-TEST(StagingPlane, EveryCollective3Ranks) { CheckEveryCollective(3, 0); }
-TEST(HierarchicalPlane, TwoHostsOfTwo) { CheckEveryCollective(4, 2); }
-TEST(HierarchicalPlane, TwoHostsOfThree) { CheckEveryCollective(6, 3); }
-TEST(HierarchicalPlane, ThreeHostsOfTwo) { CheckEveryCollective(6, 2); }
-TEST(HierarchicalPlane, OneRankPerHost) { CheckEveryCollective(3, 1); }
-
-TEST(HostPlane, RefusesDeviceStreams) {
-  auto world = FakeWorld::Create(1);
-  HostPlane plane(world->CreateTransport(0));
-  FakeStream stream;
-  float x = 1;
-  Status s = plane.Allreduce(&x, &x, 1, DataType::kFloat32, ReduceOp::kSum,
-                             &stream);
-  EXPECT_EQ(s.code(), StatusCode::kInternal);
+void CheckStaging(int n) {
+  Worlds worlds(n);
+  CheckEveryCollective(worlds);
 }
 
-// Ranks on one host: Allreduce goes to the transport in pieces.  Counts
-// across several pieces with a remainder, in place and out of place, sum and
-// mean; a piece that is skipped, repeated or misplaced changes an element.
-TEST(HostPlane, OneHostAllreducesInPieces) {
-  const int n = 3;
-  auto world = FakeWorld::Create(n, n);
-  const int64_t piece = HostPlane::kOneHostPieceBytes / 4;
-  OnEveryRank(n, [&](int rank) {
-    HostPlane plane(world->CreateTransport(rank));
-    HostStream stream;
-    for (int64_t count : {piece - 1, piece, 2 * piece + 7}) {
-      std::vector<float> in(count);
-      for (int64_t i = 0; i < count; ++i) in[i] = rank * 1000 + i % 997;
-      std::vector<float> sum(count);
-      ASSERT_TRUE(plane.Allreduce(in.data(), sum.data(), count,
-                                  DataType::kFloat32, ReduceOp::kSum, &stream)
-                      .ok());
-      ASSERT_TRUE(plane.Allreduce(in.data(), in.data(), count,
-                                  DataType::kFloat32, ReduceOp::kMean, &stream)
-                      .ok());
-      for (int64_t i = 0; i < count; ++i) {
-        const float want = 3000.0f + n * (i % 997);
-        ASSERT_EQ(sum[i], want) << "count " << count << " element " << i;
-        ASSERT_FLOAT_EQ(in[i], want / n) << "count " << count << " element "
-                                         << i;
-      }
-    }
-    // Eight-byte elements: pieces of half as many elements.
-    const int64_t count = HostPlane::kOneHostPieceBytes / 8 * 3 + 1;
-    std::vector<int64_t> values(count);
-    for (int64_t i = 0; i < count; ++i) values[i] = (rank + 1) * i;
-    ASSERT_TRUE(plane.Allreduce(values.data(), values.data(), count,
-                                DataType::kInt64, ReduceOp::kMax, &stream)
-                    .ok());
-    for (int64_t i = 0; i < count; ++i) ASSERT_EQ(values[i], n * i);
-  });
+void CheckHierarchical(std::vector<int> hosts,
+                       HierarchicalPlane::CrossHost cross_host) {
+  Worlds worlds(hosts, cross_host);
+  CheckEveryCollective(worlds);
 }
 
-// The fake stream itself: work runs later and in order; events order two
-// streams; a freed buffer outlives the work enqueued before.
-TEST(FakeStream, RunsInOrderAndEventsJoinStreams) {
-  FakeStream a(1000);
-  FakeStream b;
-  int value = 0;
-  a.Enqueue([&value] { value = 1; });
-  std::unique_ptr<Event> e;
-  ASSERT_TRUE(a.NewEvent(&e).ok());
-  ASSERT_TRUE(a.Record(e.get()).ok());
-  ASSERT_TRUE(b.Wait(e.get()).ok());
-  int seen = -1;
-  b.Enqueue([&value, &seen] { seen = value; });
-  ASSERT_TRUE(b.Synchronize().ok());
-  EXPECT_EQ(seen, 1);
+constexpr auto kShards = HierarchicalPlane::CrossHost::kShards;
+constexpr auto kFirstRanks = HierarchicalPlane::CrossHost::kFirstRanks;
+
+TEST(StagingPlane, EveryCollective2Ranks) { CheckStaging(2); }
+TEST(StagingPlane, EveryCollective3Ranks) { CheckStaging(3); }
+TEST(HierarchicalPlane, TwoHostsOfTwo) { CheckHierarchical({2, 2}, kShards); }
+TEST(HierarchicalPlane, TwoHostsOfThree) {
+  CheckHierarchical({3, 3}, kShards);
+}
+TEST(HierarchicalPlane, ThreeHostsOfTwo) {
+  CheckHierarchical({2, 2, 2}, kShards);
+}
+TEST(HierarchicalPlane, OneRankPerHost) {
+  CheckHierarchical({1, 1, 1}, kShards);
+}
+// Hosts of different sizes: each host's first rank crosses hosts.
+TEST(HierarchicalPlane, FirstRanksTwoAndOne) {
+  CheckHierarchical({2, 1}, kFirstRanks);
+}
+TEST(HierarchicalPlane, FirstRanksOneThreeTwo) {
+  CheckHierarchical({1, 3, 2}, kFirstRanks);
+}
+TEST(HierarchicalPlane, FirstRanksEvenHosts) {
+  CheckHierarchical({2, 2}, kFirstRanks);
 }
 
 }  // namespace

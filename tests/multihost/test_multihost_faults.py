@@ -1,4 +1,4 @@
-"""Faults on the second host while 2 hosts x 2 ranks train over TCP.
+"""Faults on the second host while 2 hosts x 2 ranks (or 2 + 1) train.
 
 Each test starts `mh_rank.py --part train` (an allreduce of the gradients
 every step) on hosta:2,hostb:2, waits until every rank reports progress,
@@ -45,12 +45,16 @@ GRACE = 5.0                # hard kill this long after a limit was missed
 TRAIN_SECONDS = 60.0       # long enough that no fault lands after the end
 
 
-def _start(mpirun_job, seconds=TRAIN_SECONDS, env=None):
+def _start(mpirun_job, seconds=TRAIN_SECONDS, env=None, hosts=None):
+  """Starts training on `hosts` (default hosta:2,hostb:2)."""
   env = dict({"MPISTRATEGY_PEER_TIMEOUT_SECONDS": str(PEER_TIMEOUT)},
              **(env or {}))
+  hosts = hosts or "hosta:2,hostb:2"
+  size = sum(int(h.split(":")[1]) for h in hosts.split(","))
   job = mpirun_job(["--part", "train", "--seconds", str(seconds)], env=env,
+                   hosts=hosts, np=size,
                    timeout=START_TIMEOUT + int(seconds) + 60)
-  if not job.wait_for("PROGRESS", range(SIZE), START_TIMEOUT):
+  if not job.wait_for("PROGRESS", range(size), START_TIMEOUT):
     job.kill()
     job.wait()
     pytest.fail("the job did not start training on every rank\n"
@@ -196,6 +200,35 @@ def test_sigstop_longer_than_the_deadline(mpirun_job, cluster):
   assert job.returncode != 0, job.describe()
   assert end <= limit, job.describe()
   for rank in (0, 1, 3):
+    _assert_names(job, rank, [(VICTIM, "hostb", pid)])
+  assert left is None and gone_at - fault <= limit, (
+      f"processes left {limit:g} s after the freeze:\n{left}\n"
+      + job.describe())
+
+
+@pytest.mark.timeout(START_TIMEOUT + 120)
+def test_sigstop_of_a_host_of_one_rank(mpirun_job, cluster):
+  """hosta:2,hostb:1: hostb's only rank freezes for good.
+
+  Hosts of different sizes allreduce across hosts from each host's first
+  rank (rank 0) while rank 1 waits inside hosta's shared memory for the
+  result: both must name the frozen rank by the deadline.
+  """
+  job = _start(mpirun_job, hosts="hosta:2,hostb:1")
+  pid, host = rank_pids(job, size=3)[VICTIM]
+  assert host == "hostb", job.describe()
+  fault = time.time()
+  os.kill(pid, signal.SIGSTOP)
+  limit = PEER_TIMEOUT + STOP_MARGIN
+  end, gone_at, left = _gone(cluster, job, fault, limit,
+                             "SIGSTOP of hostb's only rank (2 + 1 ranks)")
+  assert not job.timed_out, (
+      f"mpirun still ran {end:.0f} s after rank {VICTIM} froze (deadline "
+      f"{PEER_TIMEOUT:g} s + {STOP_MARGIN:g} s; killed); still running "
+      f"then:\n{left}\n" + job.describe())
+  assert job.returncode != 0, job.describe()
+  assert end <= limit, job.describe()
+  for rank in (0, 1):
     _assert_names(job, rank, [(VICTIM, "hostb", pid)])
   assert left is None and gone_at - fault <= limit, (
       f"processes left {limit:g} s after the freeze:\n{left}\n"
