@@ -30,6 +30,7 @@ Three things make sure that happens even when a test run dies half-way:
 `unshare`, the kernel or container forbids them), or returns None.
 """
 
+import contextlib
 import os
 import re
 import shlex
@@ -297,6 +298,22 @@ class SimulatedHosts:
 
   def _gone_dir(self):
     return os.path.join(self.workdir, "gone")
+
+  @contextlib.contextmanager
+  def small_shm(self, host, size_bytes):
+    """Within the block, `host`'s /dev/shm is a tmpfs of `size_bytes`.
+
+    Mounted over the host's /dev/shm directory (hiding what is there), so
+    only commands started on `host` inside the block see it; unmounted
+    after it (lazily: a process may still hold it), and with the hosts.
+    """
+    path = self.shm_dir(host)
+    _run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes},mode=1777",
+          f"{self.prefix}{host}-shm", path])
+    try:
+      yield
+    finally:
+      _run(["umount", "--lazy", path], check=False)
 
   def set_gone(self, host, gone):
     """From now on `agent.sh` refuses to start anything on `host` (or not).
