@@ -135,12 +135,15 @@ class Options:
       `tf.errors.UnavailableError` naming them, prints the same message and,
       about a second later, ends its process with `MPI_Abort` (exit status
       14), so the whole job ends even if the Python code catches the
-      error.  Ranks cut off from rank 0 stop by themselves after the same
-      time.  A rank frozen for less than this resumes normally.  A number
-      >= 0; 0 disables it (silent peers are waited for forever).  Default
-      120: long enough for a machine under heavy load, short enough that a
-      hung job does not hold its nodes for long; set 0 when a rank may be
-      stopped in a debugger.
+      error.  (A rank whose engine is inside a blocking MPI transfer of
+      tensor data with a silent rank prints the message, but its pending
+      collectives cannot fail before the job ends.)  Ranks cut off from
+      rank 0 stop by themselves after the same time.  A rank frozen for
+      less than this resumes normally.  A number >= 0; 0 disables it
+      (silent peers are waited for forever).  Default 120: long enough for
+      a machine under heavy load, short enough that a hung job does not
+      hold its nodes for long; set 0 when a rank may be stopped in a
+      debugger.
     timeline: Path of a Chrome-trace JSON file (open it in Perfetto or
       chrome://tracing) written by rank 0's engine: one row per collective
       name with its NEGOTIATE, QUEUE, fusion-buffer copy and collective
