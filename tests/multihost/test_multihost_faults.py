@@ -183,27 +183,34 @@ def test_sigstop_shorter_than_the_deadline(mpirun_job, cluster):
   assert left is None, left
 
 
-@pytest.mark.timeout(START_TIMEOUT + 120)
-def test_sigstop_longer_than_the_deadline(mpirun_job, cluster):
-  """A rank frozen for good: the others name it and the job ends."""
-  job = _start(mpirun_job)
-  pid, _ = rank_pids(job)[VICTIM]
+def _freeze_for_good(mpirun_job, cluster, hosts, survivors, scenario):
+  """Freezes rank VICTIM (on hostb) for good; the others name it and the
+  job ends, every process gone, by the deadline + STOP_MARGIN."""
+  job = _start(mpirun_job, hosts=hosts)
+  pid, host = rank_pids(job, size=len(survivors) + 1)[VICTIM]
+  assert host == "hostb", job.describe()
   fault = time.time()
   os.kill(pid, signal.SIGSTOP)
   limit = PEER_TIMEOUT + STOP_MARGIN
-  end, gone_at, left = _gone(cluster, job, fault, limit,
-                             "SIGSTOP for good (> deadline)")
+  end, gone_at, left = _gone(cluster, job, fault, limit, scenario)
   assert not job.timed_out, (
       f"mpirun still ran {end:.0f} s after rank {VICTIM} froze (deadline "
       f"{PEER_TIMEOUT:g} s + {STOP_MARGIN:g} s; killed); still running "
       f"then:\n{left}\n" + job.describe())
   assert job.returncode != 0, job.describe()
   assert end <= limit, job.describe()
-  for rank in (0, 1, 3):
+  for rank in survivors:
     _assert_names(job, rank, [(VICTIM, "hostb", pid)])
   assert left is None and gone_at - fault <= limit, (
       f"processes left {limit:g} s after the freeze:\n{left}\n"
       + job.describe())
+
+
+@pytest.mark.timeout(START_TIMEOUT + 120)
+def test_sigstop_longer_than_the_deadline(mpirun_job, cluster):
+  """A rank frozen for good: the others name it and the job ends."""
+  _freeze_for_good(mpirun_job, cluster, "hosta:2,hostb:2", (0, 1, 3),
+                   "SIGSTOP for good (> deadline)")
 
 
 @pytest.mark.timeout(START_TIMEOUT + 120)
@@ -211,25 +218,9 @@ def test_sigstop_of_a_host_of_one_rank(mpirun_job, cluster):
   """hosta:2,hostb:1: hostb's only rank freezes for good.
 
   Hosts of different sizes allreduce across hosts from each host's first
-  rank (rank 0) while rank 1 waits inside hosta's shared memory for the
-  result: both must name the frozen rank by the deadline.
+  rank: rank 0 waits for the frozen rank in MPI, rank 1 inside hosta's
+  shared memory for rank 0.  Both must name the frozen rank by the
+  deadline.
   """
-  job = _start(mpirun_job, hosts="hosta:2,hostb:1")
-  pid, host = rank_pids(job, size=3)[VICTIM]
-  assert host == "hostb", job.describe()
-  fault = time.time()
-  os.kill(pid, signal.SIGSTOP)
-  limit = PEER_TIMEOUT + STOP_MARGIN
-  end, gone_at, left = _gone(cluster, job, fault, limit,
-                             "SIGSTOP of hostb's only rank (2 + 1 ranks)")
-  assert not job.timed_out, (
-      f"mpirun still ran {end:.0f} s after rank {VICTIM} froze (deadline "
-      f"{PEER_TIMEOUT:g} s + {STOP_MARGIN:g} s; killed); still running "
-      f"then:\n{left}\n" + job.describe())
-  assert job.returncode != 0, job.describe()
-  assert end <= limit, job.describe()
-  for rank in (0, 1):
-    _assert_names(job, rank, [(VICTIM, "hostb", pid)])
-  assert left is None and gone_at - fault <= limit, (
-      f"processes left {limit:g} s after the freeze:\n{left}\n"
-      + job.describe())
+  _freeze_for_good(mpirun_job, cluster, "hosta:2,hostb:1", (0, 1),
+                   "SIGSTOP of hostb's only rank (2 + 1 ranks)")
