@@ -17,6 +17,7 @@ the summary says so in capitals.  With MULTIHOST_REQUIRED=1 (the Makefile
 sets it when CI is set) that is an error instead: CI must run these tests.
 """
 
+import json
 import os
 import re
 import signal
@@ -199,6 +200,12 @@ def rank_pids(job, size=4):
     pid, host = job.event_text("PID", rank).split()
     out[rank] = (int(pid), host)
   return out
+
+
+def op_results(job, rank):
+  """{name: value} of `rank`'s OP events (mh_rank.py --part ops)."""
+  return {json.loads(text)[0]: json.loads(text)[1]
+          for _, _, text in job.events("OP", rank)}
 
 
 def wait_hosts_empty(cluster, until):

@@ -10,12 +10,12 @@ must agree on the plane, so:
     reason, and nothing hangs.
 """
 
-import json
 import time
 
 import pytest
 
 from conftest import describe_hosts
+from conftest import op_results
 from conftest import wait_hosts_empty
 
 SIZE = 4
@@ -46,8 +46,7 @@ def test_auto_uses_mpi_on_every_host_and_says_why(mpirun_job, cluster):
   job = _run(mpirun_job, cluster, ["topology", "ops"])
   assert job.returncode == 0, job.describe()
   for rank in range(SIZE):
-    ops = {json.loads(t)[0]: json.loads(t)[1]
-           for _, _, t in job.events("OP", rank)}
+    ops = op_results(job, rank)
     assert ops["shm_segments"] == [], f"rank {rank}: {ops}\n" + job.describe()
     assert ops["allreduce_sum"] == [10.0, 20.0, 40.0], job.describe()
     assert ops["allreduce_big"] == [10.0, 10.0, 1 << 20], job.describe()

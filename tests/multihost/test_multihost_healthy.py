@@ -16,6 +16,7 @@ import math
 import pytest
 
 from conftest import describe_hosts
+from conftest import op_results
 
 # The whole job, TF start-up on 4 ranks included (loaded 2 cores).
 TIMEOUT = 300
@@ -50,11 +51,6 @@ def _job(mpirun_job, cluster, layout):
   return job
 
 
-def _ops(job, rank):
-  return {json.loads(text)[0]: json.loads(text)[1]
-          for _, _, text in job.events("OP", rank)}
-
-
 @pytest.mark.timeout(TIMEOUT + 60)
 def test_topology_per_host(mpirun_job, cluster, layout):
   job = _job(mpirun_job, cluster, layout)
@@ -76,7 +72,8 @@ def test_topology_per_host(mpirun_job, cluster, layout):
 def test_cpu_allreduce_is_hierarchical(mpirun_job, cluster, layout):
   """Shared memory inside each host, MPI across (data_plane "auto")."""
   job = _job(mpirun_job, cluster, layout)
-  segments = [_ops(job, rank)["shm_segments"] for rank in range(sum(layout))]
+  segments = [op_results(job, rank)["shm_segments"]
+              for rank in range(sum(layout))]
   # One segment per host of two ranks, shared by them; none for one rank.
   on_a, on_b = segments[:layout[0]], segments[layout[0]:]
   assert len(on_a[0]) == 1 and all(s == on_a[0] for s in on_a), segments
@@ -102,7 +99,7 @@ def test_ops_over_tcp(mpirun_job, cluster, layout):
   counts = [n // size + (1 if r < n % size else 0) for r in range(size)]
   summed = [[ranks_sum * (2 * i + j) for j in range(2)] for i in range(n)]
   for rank in range(size):
-    got = _ops(job, rank)
+    got = op_results(job, rank)
     want = {
         "allreduce_sum": [ranks_sum, 2 * ranks_sum, 10.0 * size],
         "allreduce_avg": [ranks_sum / size, 2 * ranks_sum / size, 10.0],
