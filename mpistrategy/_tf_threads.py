@@ -2,7 +2,9 @@
 
 TensorFlow sizes its intra-op and inter-op thread pools by the CPUs the
 process may run on.  Under `mpirun --bind-to none` (what mpistrategy's
-launcher passes) every rank may run on all of the host's CPUs, so N ranks on
+launcher passes where the ranks outnumber the CPUs or span several hosts,
+and what many job scripts pass) every rank may run on all of the host's
+CPUs, so N ranks on
 one host start N times as many compute threads as there are cores, and those
 threads also compete with the ranks' engine threads.  `mpistrategy.init()`
 therefore gives each rank its share, `CPUs // local_size` threads per pool

@@ -51,6 +51,50 @@ _ALLOCATION_VARIABLES = ("SLURM_JOB_ID", "PBS_JOBID", "PBS_NODEFILE",
 _HOST = re.compile(r"^([^\s:,]+)(?::(\d+))?$")
 
 
+# Open MPI flags (without their dashes) and MCA parameters (`--mca NAME` or
+# OMPI_MCA_NAME) by which the user places the ranks on CPUs; with any of
+# them the launcher binds nothing.
+_PLACEMENT_FLAGS = ("bind-to", "map-by", "cpus-per-proc", "cpus-per-rank",
+                    "cpu-set", "cpu-list", "rankfile", "rf", "use-hwthread",
+                    "npernode", "npersocket", "ppr")
+_PLACEMENT_PARAMETERS = ("hwloc_base_binding_policy",
+                         "rmaps_base_mapping_policy",
+                         "rmaps_base_cpus_per_rank", "rmaps_rank_file_path")
+
+
+def cpu_share_flags(num_proc, cpus=None, total_cpus=None):
+  """Open MPI flags that give each rank of a one-host job CPUs of its own.
+
+  Ranks that may all run on every CPU of a host get in each other's way
+  once their threads fill the cores: Linux wakes a thread on the CPU of the
+  thread that woke it, so the two ranks' engine threads handing work to
+  each other, or their Python threads waking after a step, end up taking
+  turns on one core while another core idles (bench/RESULTS.md section 23:
+  about 10 % of both cores idle in a Keras step on 2 ranks over 2 CPUs).
+  Binding each rank to `cpus // num_proc` consecutive logical CPUs of its
+  own keeps them apart, and TensorFlow sizes its thread pools by that
+  share.  Hardware threads count as CPUs, as they do for TensorFlow.
+
+  Args:
+    num_proc: Number of ranks, all on this host.
+    cpus: Logical CPUs the launcher may run on (default: its affinity mask).
+    total_cpus: Logical CPUs of the host (default: `os.cpu_count()`).
+
+  Returns:
+    The flags, or None where the ranks should float over every CPU: one
+    rank, more ranks than CPUs, or a launcher restricted to part of the host
+    (Open MPI would bind the ranks to CPUs outside that part).
+  """
+  if cpus is None:
+    cpus = len(os.sched_getaffinity(0))
+  if total_cpus is None:
+    total_cpus = os.cpu_count() or cpus
+  if num_proc < 2 or num_proc > cpus or cpus < total_cpus:
+    return None
+  return ["--use-hwthread-cpus", "--map-by", f"slot:PE={cpus // num_proc}",
+          "--bind-to", "hwthread"]
+
+
 @dataclasses.dataclass
 class Command:
   """What `build_command` decided; `main` prints `notes` and runs `argv`.
@@ -234,7 +278,7 @@ def _pythonpath(environ, package_parent):
 
 
 def _openmpi_command(args, launcher_path, hosts, exported, set_vars, program,
-                     num_proc, local_only, as_root):
+                     num_proc, local_only, as_root, environ, cpus, total_cpus):
   argv = [launcher_path, "-np", str(num_proc)]
   if hosts:
     argv += ["-H", ",".join(h if n is None else f"{h}:{n}" for h, n in hosts)]
@@ -251,11 +295,25 @@ def _openmpi_command(args, launcher_path, hosts, exported, set_vars, program,
       a in ("--tag-output", "-tag-output", "--output") for a in mpi_args):
     argv += ["--tag-output"]
   # Open MPI binds each rank to a core (np <= 2) or socket by default, which
-  # starves TensorFlow's thread pools; the user's own choice wins.
-  if not any(a.startswith("--bind-to") for a in mpi_args):
-    argv += ["--bind-to", "none"]
-  if not any(a.startswith("--map-by") for a in mpi_args):
-    argv += ["--map-by", "slot"]
+  # starves TensorFlow's thread pools.  On one host each rank gets its share
+  # of the CPUs instead (cpu_share_flags); elsewhere ranks float.  The
+  # user's own choice wins.
+  user_binds = any(a.startswith("--bind-to") for a in mpi_args)
+  user_maps = any(a.startswith("--map-by") for a in mpi_args)
+  user_places = user_binds or user_maps or any(
+      (a.startswith("-") and a.lstrip("-").startswith(_PLACEMENT_FLAGS)) or
+      a in _PLACEMENT_PARAMETERS for a in mpi_args) or any(
+          "OMPI_MCA_" + name in environ for name in _PLACEMENT_PARAMETERS)
+  share = None
+  if local_only and not user_places:
+    share = cpu_share_flags(num_proc, cpus, total_cpus)
+  if share is not None:
+    argv += share
+  else:
+    if not user_binds:
+      argv += ["--bind-to", "none"]
+    if not user_maps:
+      argv += ["--map-by", "slot"]
   for name in exported:
     if name in set_vars:
       argv += ["-x", f"{name}={set_vars[name]}"]
@@ -316,7 +374,7 @@ def _srun_command(args, launcher_path, hosts, set_vars, program, num_proc):
 
 
 def build_command(args, environ, launcher, launcher_path, mpi_flavour="openmpi",
-                  executable=None, euid=None):
+                  executable=None, euid=None, cpus=None, total_cpus=None):
   """Builds the launch command; runs nothing.
 
   Args:
@@ -329,6 +387,9 @@ def build_command(args, environ, launcher, launcher_path, mpi_flavour="openmpi",
     executable: The Python interpreter of the ranks; default `sys.executable`.
     euid: The effective user id (for the run-as-root hint); default
       `os.geteuid()`.
+    cpus: Logical CPUs the launcher may run on (for `cpu_share_flags`);
+      default its affinity mask.
+    total_cpus: Logical CPUs of this host; default `os.cpu_count()`.
 
   Returns:
     A `Command`.
@@ -382,7 +443,8 @@ def build_command(args, environ, launcher, launcher_path, mpi_flavour="openmpi",
     local_only = not hosts and args.hostfile is None and not any(
         environ.get(name) for name in _ALLOCATION_VARIABLES)
     argv = _openmpi_command(args, launcher_path, hosts, exported, set_vars,
-                            program, num_proc, local_only, as_root)
+                            program, num_proc, local_only, as_root, environ,
+                            cpus, total_cpus)
     if as_root:
       notes.append(
           "running as root: added --allow-run-as-root, without which Open "

@@ -19,6 +19,7 @@ import uuid
 
 import pytest
 
+from mpistrategy.launch import command as launch_command
 from _job_env import clean_env
 from _job_env import leftovers
 from procs import alive
@@ -190,6 +191,17 @@ def test_runs_the_script_on_every_rank():
       assert job.events("RESULT", rank) == [f"{NP * (NP + 1) // 2:g}"], \
           job.describe()
       assert job.events("DONE", rank), job.describe()
+    # Where 2 ranks fit this host's CPUs, each runs on a share of its own
+    # (cpu_share_flags); otherwise every rank may run on every CPU.
+    cpus = [{int(c) for c in job.events("CPUS", rank)[0].split(",")}
+            for rank in range(NP)]
+    mine = os.sched_getaffinity(0)
+    if launch_command.cpu_share_flags(NP) is not None:
+      assert [len(c) for c in cpus] == [len(mine) // NP] * NP, cpus
+      assert not cpus[0] & cpus[1], cpus
+      assert cpus[0] | cpus[1] <= mine, cpus
+    else:
+      assert cpus == [mine] * NP, cpus
     # The command was printed once, on stderr, shell-quoted, with this
     # interpreter.
     printed = [l for l in job.stderr if l.startswith("mpistrategy.run: ")

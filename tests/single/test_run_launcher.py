@@ -43,11 +43,25 @@ def _environ(**extra):
 
 
 def _build(argv, environ=None, launcher="mpirun", path=MPIRUN,
-           flavour="openmpi", euid=1000):
+           flavour="openmpi", euid=1000, cpus=2, total_cpus=2):
+  # A host of 2 CPUs unless a test says otherwise: the commands do not
+  # depend on the machine that runs the tests.
   args = run.parse_args(argv)
   return run.build_command(args, _environ() if environ is None else environ,
                            launcher, path, mpi_flavour=flavour,
-                           executable=PYTHON, euid=euid)
+                           executable=PYTHON, euid=euid, cpus=cpus,
+                           total_cpus=total_cpus)
+
+
+def _placement(argv):
+  """The CPU placement flags of an Open MPI command line."""
+  out = []
+  for i, a in enumerate(argv):
+    if a == "--use-hwthread-cpus":
+      out.append(a)
+    elif a in ("--bind-to", "--map-by"):
+      out += [a, argv[i + 1]]
+  return out
 
 
 def _fake_bin(tmp_path, name, text):
@@ -129,6 +143,62 @@ def test_mpi_args_are_split_and_win_over_defaults(script):
   assert argv[argv.index(PYTHON):] == [*QUIET, PYTHON, script]
   assert argv.count("--bind-to") == 1
   assert "--map-by" in argv
+
+
+def test_ranks_on_one_host_get_their_share_of_the_cpus(script):
+  share = ["--use-hwthread-cpus", "--map-by", "slot:PE=1",
+           "--bind-to", "hwthread"]
+  assert _placement(_build(["-np", "2", script]).argv) == share
+  assert _placement(_build(["-np", "2", script], cpus=16,
+                           total_cpus=16).argv)[2] == "slot:PE=8"
+  # The remainder stays unused rather than making shares unequal.
+  assert _placement(_build(["-np", "3", script], cpus=16,
+                           total_cpus=16).argv)[2] == "slot:PE=5"
+  assert launch_command.cpu_share_flags(4, 8, 8) == [
+      "--use-hwthread-cpus", "--map-by", "slot:PE=2", "--bind-to", "hwthread"]
+
+
+def test_ranks_float_where_a_share_would_not_fit(script, tmp_path):
+  floating = ["--bind-to", "none", "--map-by", "slot"]
+  # More ranks than CPUs, one rank, and a launcher confined to part of the
+  # host (Open MPI would bind outside that part).
+  assert _placement(_build(["-np", "3", script]).argv) == floating
+  assert _placement(_build(["-np", "1", script]).argv) == floating
+  assert _placement(_build(["-np", "2", script], cpus=4,
+                           total_cpus=8).argv) == floating
+  # Several hosts: their CPUs are not known here.
+  assert _placement(_build(["-H", "a:2,b:2", script], cpus=16,
+                           total_cpus=16).argv) == floating
+  hostfile = tmp_path / "hosts"
+  hostfile.write_text("a slots=2\n")
+  assert _placement(_build(["--hostfile", str(hostfile), script], cpus=16,
+                           total_cpus=16).argv) == floating
+  assert _placement(_build(["-np", "2", script], _environ(SLURM_JOB_ID="7"),
+                           cpus=16, total_cpus=16).argv) == floating
+
+
+@pytest.mark.parametrize("mpi_args,added", [
+    ("--bind-to core", ["--map-by", "slot"]),
+    ("--map-by socket", ["--bind-to", "none"]),
+    ("--cpus-per-proc 2", ["--bind-to", "none", "--map-by", "slot"]),
+    ("-rf ranks.txt", ["--bind-to", "none", "--map-by", "slot"]),
+    ("--mca hwloc_base_binding_policy core",
+     ["--bind-to", "none", "--map-by", "slot"]),
+])
+def test_the_users_placement_wins_over_the_share(script, mpi_args, added):
+  argv = _build(["-np", "2", "--mpi-args", mpi_args, script], cpus=16,
+                total_cpus=16).argv
+  # The user's flags come last, unchanged; before them, what the launcher
+  # added itself.
+  first_user_flag = argv.index(mpi_args.split()[0])
+  assert argv[first_user_flag:argv.index(PYTHON)] == mpi_args.split()
+  assert _placement(argv[:first_user_flag]) == added
+
+
+def test_placement_variables_in_the_environment_win(script):
+  environ = _environ(OMPI_MCA_rmaps_base_mapping_policy="socket")
+  argv = _build(["-np", "2", script], environ, cpus=16, total_cpus=16).argv
+  assert _placement(argv) == ["--bind-to", "none", "--map-by", "slot"]
 
 
 def test_script_arguments_are_not_parsed(script):

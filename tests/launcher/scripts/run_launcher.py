@@ -5,7 +5,8 @@ Initializes mpistrategy, allreduces rank + 1 (SUM) and prints the result and
 the resolved options.  Then, depending on the flags, exits with a code on one
 rank or waits to be killed.
 
-Events: PID (the process id), INIT (rank, size), RESULT (the allreduce
+Events: PID (the process id), CPUS (the CPUs it may run on, comma-separated),
+INIT (rank, size), RESULT (the allreduce
 result), OPTIONS (`field=value` of `mpistrategy.current_options()`), READY
 (--wait: waiting for a signal), DONE.
 """
@@ -26,6 +27,7 @@ p.add_argument("--wait", action="store_true",
 args = p.parse_args()
 
 io.emit("PID", str(os.getpid()))
+io.emit("CPUS", ",".join(str(c) for c in sorted(os.sched_getaffinity(0))))
 
 import tensorflow as tf
 import mpistrategy
