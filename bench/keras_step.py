@@ -36,6 +36,11 @@ MWMS, and the shared-memory data plane against the MPI one (target: at
 most half).  `--modes` runs a subset (`single` and `independent` always
 run).
 
+Every configuration places its ranks as `mpistrategyrun` does: each on a
+share of the CPUs of its own where they fit (bench/_mpirun.py);
+`--floating` lets every rank run on every CPU instead, as every run before
+bench/RESULTS.md section 23 did.
+
 The last column is the CPU time (user + system) one step takes, summed
 over the ranks: the work each configuration adds, apart from how the
 ranks' waits happened to line up (where ranks and their threads outnumber
@@ -53,7 +58,8 @@ import subprocess
 import sys
 import time
 
-from _mpirun import mpirun_command  # bench/, this script's directory
+from _mpirun import cpu_share_flags  # bench/, this script's directory
+from _mpirun import mpirun_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -196,7 +202,8 @@ def driver(args):
                     "TF_NUM_INTEROP_THREADS=" + share]
       if mode == "mpi_plane_mpi":
         exports.append("MPISTRATEGY_DATA_PLANE=mpi")
-      cmd = mpirun_command(args.np, cmd, exports, mpirun=args.mpirun)
+      cmd = mpirun_command(args.np, cmd, exports, mpirun=args.mpirun,
+                           floating=args.floating)
     print("running", mode, "...", flush=True)
     proc = subprocess.run(cmd, env=env, timeout=args.timeout,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -225,6 +232,11 @@ def driver(args):
         " steps, median of %d rounds" % (
             results["single"]["params"] / 1e6, args.global_batch, args.np,
             args.steps, args.rounds))
+  placement = None if args.floating else cpu_share_flags(args.np)
+  print("ranks placed: %s" % (
+      "each on %s CPU(s) of its own (%s)" % (
+          placement[2].split("=")[1], " ".join(placement))
+      if placement else "floating over every CPU (--bind-to none)"))
   print("%-30s %12s %14s %16s" % ("configuration", "step (ms)", "overhead (ms)",
                                   "CPU/step (ms)"))
   labels = {"single": "1 process", "mpi": "MPIStrategy",
@@ -291,6 +303,9 @@ def main():
   p.add_argument("--rounds", type=int, default=7)
   p.add_argument("--global-batch", type=int, default=128)
   p.add_argument("--mpirun", default="mpirun")
+  p.add_argument("--floating", action="store_true",
+                 help="let every rank run on every CPU (--bind-to none) "
+                 "instead of a share of its own (bench/_mpirun.py)")
   p.add_argument("--timeout", type=int, default=600)
   args = p.parse_args()
   if args.worker:
