@@ -273,6 +273,8 @@ def main(argv=None):
     for name in sorted(set(command.env) - set(environ)) + sorted(
         n for n in environ if command.env.get(n) != environ[n]):
       supervise.say(f"setting {name}={command.env[name]}")
+    for detail in command.details:
+      supervise.say(detail)
   for note in command.notes:
     supervise.say(note)
   line = shlex.join(command.argv)

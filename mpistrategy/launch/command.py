@@ -51,26 +51,69 @@ _ALLOCATION_VARIABLES = ("SLURM_JOB_ID", "PBS_JOBID", "PBS_NODEFILE",
 _HOST = re.compile(r"^([^\s:,]+)(?::(\d+))?$")
 
 
-# Open MPI flags (without their dashes) and MCA parameters (`--mca NAME` or
-# OMPI_MCA_NAME) by which the user places the ranks on CPUs; with any of
-# them the launcher binds nothing.
-_PLACEMENT_FLAGS = ("bind-to", "map-by", "cpus-per-proc", "cpus-per-rank",
-                    "cpu-set", "cpu-list", "rankfile", "rf", "use-hwthread",
-                    "npernode", "npersocket", "ppr")
-_PLACEMENT_PARAMETERS = ("hwloc_base_binding_policy",
-                         "rmaps_base_mapping_policy",
-                         "rmaps_base_cpus_per_rank", "rmaps_rank_file_path")
+# How a user places ranks on CPUs in Open MPI's own terms: flags (without
+# their dashes) and MCA parameters (`--mca NAME VALUE` or OMPI_MCA_NAME).
+# Where the user sets a binding, the launcher adds none; where the user sets
+# a mapping, it adds none; a rankfile or CPUs per rank set both.
+_BINDING_FLAGS = frozenset({"bind-to", "cpus-per-proc", "cpus-per-rank",
+                            "cpu-set", "cpu-list", "rankfile", "rf",
+                            "use-hwthread-cpus"})
+_MAPPING_FLAGS = frozenset({"map-by", "cpus-per-proc", "cpus-per-rank",
+                            "rankfile", "rf", "npernode", "npersocket"})
+_BINDING_PARAMETERS = frozenset({"hwloc_base_binding_policy",
+                                 "hwloc_base_cpu_set", "hwloc_base_cpu_list",
+                                 "rmaps_base_cpus_per_rank",
+                                 "rmaps_rank_file_path"})
+_MAPPING_PARAMETERS = frozenset({"rmaps_base_mapping_policy",
+                                 "rmaps_base_cpus_per_rank",
+                                 "rmaps_rank_file_path"})
+# Flags that name hosts; with any of them the job is not on this host alone.
+_HOST_FLAGS = frozenset({"H", "host", "hostfile", "machinefile",
+                         "default-hostfile"})
+
+
+def _user_placement(mpi_args, environ):
+  """What the user's Open MPI arguments and variables already decide.
+
+  Args:
+    mpi_args: The `--mpi-args` tokens.
+    environ: The launcher's environment.
+
+  Returns:
+    `(binds, maps, names_hosts)`: whether they set a binding, a mapping, and
+    hosts.
+  """
+  binds = maps = names_hosts = False
+  for i, arg in enumerate(mpi_args):
+    value = mpi_args[i + 1] if i + 1 < len(mpi_args) else ""
+    if arg.startswith("-"):
+      name = arg.lstrip("-").split("=", 1)[0]
+      binds |= name in _BINDING_FLAGS
+      maps |= name in _MAPPING_FLAGS
+      names_hosts |= name in _HOST_FLAGS
+      # `--map-by X:PE=n` binds n CPUs to each rank.
+      if name == "map-by" and "pe=" in value.lower():
+        binds = True
+    elif i > 0 and mpi_args[i - 1].lstrip("-") == "mca":
+      binds |= arg in _BINDING_PARAMETERS
+      maps |= arg in _MAPPING_PARAMETERS
+  for name in _BINDING_PARAMETERS | _MAPPING_PARAMETERS:
+    if "OMPI_MCA_" + name in environ:
+      binds |= name in _BINDING_PARAMETERS
+      maps |= name in _MAPPING_PARAMETERS
+  return binds, maps, names_hosts
 
 
 def cpu_share_flags(num_proc, cpus=None, total_cpus=None):
   """Open MPI flags that give each rank of a one-host job CPUs of its own.
 
   Ranks that may all run on every CPU of a host get in each other's way
-  once their threads fill the cores: Linux wakes a thread on the CPU of the
-  thread that woke it, so the two ranks' engine threads handing work to
-  each other, or their Python threads waking after a step, end up taking
-  turns on one core while another core idles (bench/RESULTS.md section 23:
-  about 10 % of both cores idle in a Keras step on 2 ranks over 2 CPUs).
+  once their threads fill the cores: Linux tends to wake a thread on the
+  CPU of the thread that woke it, so the two ranks' engine threads handing
+  work to each other, or their Python threads waking after a step, end up
+  taking turns on one core while another core idles (bench/RESULTS.md
+  section 23: a tenth to a fifth of both cores idle in a Keras step on 2
+  ranks over 2 CPUs).
   Binding each rank to `cpus // num_proc` consecutive logical CPUs of its
   own keeps them apart, and TensorFlow sizes its thread pools by that
   share.  Hardware threads count as CPUs, as they do for TensorFlow.
@@ -105,11 +148,13 @@ class Command:
     launcher: "mpirun" or "srun".
     notes: Hints and warnings for the user, one line each (printed on stderr
       before the launch).
+    details: How flags were chosen, one line each (printed with --verbose).
   """
   argv: list
   env: dict
   launcher: str
   notes: list = dataclasses.field(default_factory=list)
+  details: list = dataclasses.field(default_factory=list)
 
 
 def option_fields():
@@ -278,7 +323,8 @@ def _pythonpath(environ, package_parent):
 
 
 def _openmpi_command(args, launcher_path, hosts, exported, set_vars, program,
-                     num_proc, local_only, as_root, environ, cpus, total_cpus):
+                     num_proc, local_only, as_root, environ, cpus, total_cpus,
+                     details):
   argv = [launcher_path, "-np", str(num_proc)]
   if hosts:
     argv += ["-H", ",".join(h if n is None else f"{h}:{n}" for h, n in hosts)]
@@ -296,24 +342,33 @@ def _openmpi_command(args, launcher_path, hosts, exported, set_vars, program,
     argv += ["--tag-output"]
   # Open MPI binds each rank to a core (np <= 2) or socket by default, which
   # starves TensorFlow's thread pools.  On one host each rank gets its share
-  # of the CPUs instead (cpu_share_flags); elsewhere ranks float.  The
-  # user's own choice wins.
-  user_binds = any(a.startswith("--bind-to") for a in mpi_args)
-  user_maps = any(a.startswith("--map-by") for a in mpi_args)
-  user_places = user_binds or user_maps or any(
-      (a.startswith("-") and a.lstrip("-").startswith(_PLACEMENT_FLAGS)) or
-      a in _PLACEMENT_PARAMETERS for a in mpi_args) or any(
-          "OMPI_MCA_" + name in environ for name in _PLACEMENT_PARAMETERS)
+  # of the CPUs instead (cpu_share_flags); elsewhere ranks float.  What the
+  # user sets wins: the launcher then adds only what the user left open.
+  user_binds, user_maps, user_hosts = _user_placement(mpi_args, environ)
   share = None
-  if local_only and not user_places:
+  if local_only and not (user_binds or user_maps or user_hosts):
     share = cpu_share_flags(num_proc, cpus, total_cpus)
   if share is not None:
     argv += share
+    details.append(f"placement: each rank bound to {share[2].split('=')[1]} "
+                   f"of this host's {cpus} CPUs, a share of its own")
   else:
     if not user_binds:
       argv += ["--bind-to", "none"]
     if not user_maps:
       argv += ["--map-by", "slot"]
+    if user_binds or user_maps:
+      why = "as the --mpi-args or OMPI_MCA_* variables set it"
+    elif not local_only or user_hosts:
+      why = "several hosts: their CPUs are not known here"
+    elif num_proc < 2:
+      why = "one rank"
+    elif num_proc > cpus:
+      why = f"{num_proc} ranks, {cpus} CPUs"
+    else:
+      why = (f"the launcher may use {cpus} of this host's {total_cpus} CPUs, "
+             "and Open MPI would bind outside them")
+    details.append(f"placement: ranks float over every CPU ({why})")
   for name in exported:
     if name in set_vars:
       argv += ["-x", f"{name}={set_vars[name]}"]
@@ -412,6 +467,11 @@ def build_command(args, environ, launcher, launcher_path, mpi_flavour="openmpi",
         f"--kill-after must be a finite number >= 0, got {args.kill_after:g}")
   hosts = _parse_hosts(args.hosts) if args.hosts is not None else []
   num_proc = _num_proc(args, hosts)
+  if cpus is None:
+    cpus = len(os.sched_getaffinity(0))
+  if total_cpus is None:
+    total_cpus = os.cpu_count() or cpus
+  details = []
   program = _program(args, environ, executable)
   if not args.verbose:
     program = [executable, "-m", QUIET_MODULE] + program
@@ -444,12 +504,13 @@ def build_command(args, environ, launcher, launcher_path, mpi_flavour="openmpi",
         environ.get(name) for name in _ALLOCATION_VARIABLES)
     argv = _openmpi_command(args, launcher_path, hosts, exported, set_vars,
                             program, num_proc, local_only, as_root, environ,
-                            cpus, total_cpus)
+                            cpus, total_cpus, details)
     if as_root:
       notes.append(
           "running as root: added --allow-run-as-root, without which Open "
           "MPI refuses to start (common in containers)")
-  return Command(argv=argv, env=env, launcher=launcher, notes=notes)
+  return Command(argv=argv, env=env, launcher=launcher, notes=notes,
+                 details=details)
 
 
 def find_launcher(choice, environ):

@@ -178,12 +178,22 @@ def test_ranks_float_where_a_share_would_not_fit(script, tmp_path):
 
 
 @pytest.mark.parametrize("mpi_args,added", [
+    # A binding of the user's: the launcher adds only the mapping.
     ("--bind-to core", ["--map-by", "slot"]),
+    ("-bind-to core", ["--map-by", "slot"]),
+    ("--mca hwloc_base_binding_policy core", ["--map-by", "slot"]),
+    ("--use-hwthread-cpus", ["--map-by", "slot"]),
+    # A mapping: only the binding (none, as on several hosts).
     ("--map-by socket", ["--bind-to", "none"]),
-    ("--cpus-per-proc 2", ["--bind-to", "none", "--map-by", "slot"]),
-    ("-rf ranks.txt", ["--bind-to", "none", "--map-by", "slot"]),
-    ("--mca hwloc_base_binding_policy core",
-     ["--bind-to", "none", "--map-by", "slot"]),
+    ("--mca rmaps_base_mapping_policy core", ["--bind-to", "none"]),
+    # Both: nothing (Open MPI refuses a rankfile beside --map-by).
+    ("--map-by slot:PE=2", []),
+    ("--cpus-per-proc 2", []),
+    ("-rf ranks.txt", []),
+    ("--rankfile ranks.txt", []),
+    # Hosts named in --mpi-args: several hosts, so the ranks float.
+    ("--host localhost:2", ["--bind-to", "none", "--map-by", "slot"]),
+    ("-machinefile hosts.txt", ["--bind-to", "none", "--map-by", "slot"]),
 ])
 def test_the_users_placement_wins_over_the_share(script, mpi_args, added):
   argv = _build(["-np", "2", "--mpi-args", mpi_args, script], cpus=16,
@@ -195,10 +205,32 @@ def test_the_users_placement_wins_over_the_share(script, mpi_args, added):
   assert _placement(argv[:first_user_flag]) == added
 
 
-def test_placement_variables_in_the_environment_win(script):
-  environ = _environ(OMPI_MCA_rmaps_base_mapping_policy="socket")
+@pytest.mark.parametrize("variable,added", [
+    ("OMPI_MCA_hwloc_base_binding_policy", ["--map-by", "slot"]),
+    ("OMPI_MCA_rmaps_base_mapping_policy", ["--bind-to", "none"]),
+    ("OMPI_MCA_rmaps_rank_file_path", []),
+])
+def test_placement_variables_in_the_environment_win(script, variable, added):
+  environ = _environ(**{variable: "x"})
   argv = _build(["-np", "2", script], environ, cpus=16, total_cpus=16).argv
-  assert _placement(argv) == ["--bind-to", "none", "--map-by", "slot"]
+  assert _placement(argv) == added
+
+
+def test_verbose_says_how_the_ranks_were_placed(script):
+  def placement(argv, **kw):
+    details = _build(argv, **kw).details
+    assert len([d for d in details if d.startswith("placement: ")]) == 1
+    return next(d for d in details if d.startswith("placement: "))
+
+  assert "each rank bound to 8 of this host's 16 CPUs" in placement(
+      ["-np", "2", script], cpus=16, total_cpus=16)
+  assert "3 ranks, 2 CPUs" in placement(["-np", "3", script])
+  assert "one rank" in placement(["-np", "1", script])
+  assert "4 of this host's 8 CPUs" in placement(["-np", "2", script],
+                                                cpus=4, total_cpus=8)
+  assert "several hosts" in placement(["-H", "a:1,b:1", script])
+  assert "--mpi-args" in placement(["-np", "2", "--mpi-args=--bind-to core",
+                                    script])
 
 
 def test_script_arguments_are_not_parsed(script):
