@@ -234,9 +234,8 @@ def driver(args):
             args.steps, args.rounds))
   placement = None if args.floating else cpu_share_flags(args.np)
   print("ranks placed: %s" % (
-      "each on %s CPU(s) of its own (%s)" % (
-          placement[2].split("=")[1], " ".join(placement))
-      if placement else "floating over every CPU (--bind-to none)"))
+      "on CPUs of their own (%s)" % " ".join(placement) if placement
+      else "floating over every CPU (--bind-to none)"))
   print("%-30s %12s %14s %16s" % ("configuration", "step (ms)", "overhead (ms)",
                                   "CPU/step (ms)"))
   labels = {"single": "1 process", "mpi": "MPIStrategy",

@@ -85,14 +85,13 @@ def _user_placement(mpi_args, environ):
   """
   binds = maps = names_hosts = False
   for i, arg in enumerate(mpi_args):
-    value = mpi_args[i + 1] if i + 1 < len(mpi_args) else ""
     if arg.startswith("-"):
       name = arg.lstrip("-").split("=", 1)[0]
       binds |= name in _BINDING_FLAGS
       maps |= name in _MAPPING_FLAGS
       names_hosts |= name in _HOST_FLAGS
       # `--map-by X:PE=n` binds n CPUs to each rank.
-      if name == "map-by" and "pe=" in value.lower():
+      if name == "map-by" and "pe=" in "".join(mpi_args[i + 1:i + 2]).lower():
         binds = True
     elif i > 0 and mpi_args[i - 1].lstrip("-") == "mca":
       binds |= arg in _BINDING_PARAMETERS
@@ -128,14 +127,32 @@ def cpu_share_flags(num_proc, cpus=None, total_cpus=None):
     rank, more ranks than CPUs, or a launcher restricted to part of the host
     (Open MPI would bind the ranks to CPUs outside that part).
   """
+  return _cpu_share(num_proc, *_host_cpus(cpus, total_cpus))[0]
+
+
+def _host_cpus(cpus, total_cpus):
+  """`(cpus, total_cpus)` with the defaults of `cpu_share_flags` filled in."""
   if cpus is None:
     cpus = len(os.sched_getaffinity(0))
   if total_cpus is None:
     total_cpus = os.cpu_count() or cpus
-  if num_proc < 2 or num_proc > cpus or cpus < total_cpus:
-    return None
-  return ["--use-hwthread-cpus", "--map-by", f"slot:PE={cpus // num_proc}",
-          "--bind-to", "hwthread"]
+  return cpus, total_cpus
+
+
+def _cpu_share(num_proc, cpus, total_cpus):
+  """`(flags, why)`: `cpu_share_flags`' answer and a line saying why."""
+  if num_proc < 2:
+    return None, "one rank"
+  if num_proc > cpus:
+    return None, f"{num_proc} ranks, {cpus} CPUs"
+  if cpus < total_cpus:
+    return None, (f"the launcher may use {cpus} of this host's {total_cpus} "
+                  "CPUs, and Open MPI would bind outside them")
+  share = cpus // num_proc
+  return (["--use-hwthread-cpus", "--map-by", f"slot:PE={share}",
+           "--bind-to", "hwthread"],
+          f"each rank bound to {share} of this host's {cpus} CPUs, a share "
+          "of its own")
 
 
 @dataclasses.dataclass
@@ -346,28 +363,20 @@ def _openmpi_command(args, launcher_path, hosts, exported, set_vars, program,
   # user sets wins: the launcher then adds only what the user left open.
   user_binds, user_maps, user_hosts = _user_placement(mpi_args, environ)
   share = None
-  if local_only and not (user_binds or user_maps or user_hosts):
-    share = cpu_share_flags(num_proc, cpus, total_cpus)
+  if user_binds or user_maps:
+    why = "as the --mpi-args or OMPI_MCA_* variables set it"
+  elif not local_only or user_hosts:
+    why = "several hosts: their CPUs are not known here"
+  else:
+    share, why = _cpu_share(num_proc, cpus, total_cpus)
   if share is not None:
     argv += share
-    details.append(f"placement: each rank bound to {share[2].split('=')[1]} "
-                   f"of this host's {cpus} CPUs, a share of its own")
+    details.append(f"placement: {why}")
   else:
     if not user_binds:
       argv += ["--bind-to", "none"]
     if not user_maps:
       argv += ["--map-by", "slot"]
-    if user_binds or user_maps:
-      why = "as the --mpi-args or OMPI_MCA_* variables set it"
-    elif not local_only or user_hosts:
-      why = "several hosts: their CPUs are not known here"
-    elif num_proc < 2:
-      why = "one rank"
-    elif num_proc > cpus:
-      why = f"{num_proc} ranks, {cpus} CPUs"
-    else:
-      why = (f"the launcher may use {cpus} of this host's {total_cpus} CPUs, "
-             "and Open MPI would bind outside them")
     details.append(f"placement: ranks float over every CPU ({why})")
   for name in exported:
     if name in set_vars:
@@ -467,10 +476,7 @@ def build_command(args, environ, launcher, launcher_path, mpi_flavour="openmpi",
         f"--kill-after must be a finite number >= 0, got {args.kill_after:g}")
   hosts = _parse_hosts(args.hosts) if args.hosts is not None else []
   num_proc = _num_proc(args, hosts)
-  if cpus is None:
-    cpus = len(os.sched_getaffinity(0))
-  if total_cpus is None:
-    total_cpus = os.cpu_count() or cpus
+  cpus, total_cpus = _host_cpus(cpus, total_cpus)
   details = []
   program = _program(args, environ, executable)
   if not args.verbose:
