@@ -67,6 +67,7 @@ PLANE_SRCS = [
 
 # //cc/transport:mpi_transport.
 MPI_TRANSPORT_SRCS = [
+    "handoff_tuner.cc",
     "host_rendezvous.cc",
     "mpi_transport.cc",
     "shm_plane.cc",

@@ -6,7 +6,9 @@
 // from there, a cross-core transfer that on a 2-vCPU VM ran at 4 GB/s
 // instead of 42 GB/s for tens of seconds at a time; non-temporal stores
 // send the lines towards memory, which every core reads at the same speed
-// (bench/RESULTS.md section 18).
+// (bench/RESULTS.md section 18).  In other phases ordinary stores are twice
+// as fast (section 24), so the plane measures which to use
+// (cc/transport/handoff_tuner.h).
 
 #ifndef MPISTRATEGY_CC_COMMON_STREAMING_COPY_H_
 #define MPISTRATEGY_CC_COMMON_STREAMING_COPY_H_

@@ -35,11 +35,10 @@ constexpr int64_t kBlockBytes = 8 << 10;
 
 int64_t RoundUp(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
-// With non-temporal stores when another rank's core reads `dst` next (a
-// slot; streaming_copy.h), else memcpy.
-void CopyForReader(char* dst, const char* src, int64_t bytes,
-                   bool other_ranks_read_next) {
-  if (other_ranks_read_next) {
+// With non-temporal stores when `streaming` (streaming_copy.h), else
+// memcpy.
+void Copy(char* dst, const char* src, int64_t bytes, bool streaming) {
+  if (streaming) {
     StreamingCopy(dst, src, bytes);
   } else {
     std::memcpy(dst, src, bytes);
@@ -137,6 +136,13 @@ std::string OpenSegment(const std::string& name, int64_t bytes, void** base) {
   return why;
 }
 
+// Where the word with the way of the next large allreduce lies in the
+// segment (shm_plane.h): on a line of its own after the rendezvous' area.
+int64_t HandoffWordOffset(int size) {
+  return HostRounds::kBytes +
+         RoundUp(HostRendezvous::AreaBytes(size), kCacheLineBytes);
+}
+
 // Every segment's name starts with this, then the creator's PID and a '-'.
 constexpr char kSegmentPrefix[] = "mpistrategy-";
 
@@ -199,7 +205,7 @@ Status ShmPlane::Create(MPI_Comm comm, int64_t segment_bytes,
   MPISTRATEGY_MPI_CHECK(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   MPISTRATEGY_MPI_CHECK(MPI_Comm_size(comm, &size), "MPI_Comm_size");
   const int64_t header =
-      RoundUp(HostRounds::kBytes + HostRendezvous::AreaBytes(size), kPage);
+      RoundUp(HandoffWordOffset(size) + kCacheLineBytes, kPage);
   const int64_t slot =
       std::max<int64_t>(0, segment_bytes - header) / (2 * size) / kPage * kPage;
   const int64_t total = header + 2 * size * slot;
@@ -267,9 +273,20 @@ ShmPlane::ShmPlane(int rank, int size, void* base, int64_t mapped_bytes,
       slot_bytes_(slot_bytes),
       round_bytes_(std::min(slot_bytes, kShmMaxRoundBytes)),
       fallback_(fallback),
-      block_(kBlockBytes) {}
+      handoff_word_(reinterpret_cast<uint32_t*>(static_cast<char*>(base) +
+                                                HandoffWordOffset(size))),
+      block_(kBlockBytes) {
+  SetHandoffTuning(HandoffTunerSettings());
+}
 
 ShmPlane::~ShmPlane() = default;
+
+void ShmPlane::SetHandoffTuning(const HandoffTunerSettings& settings) {
+  handoff_ = settings.initial;
+  last_handoff_ = settings.initial;
+  last_bytes_ = 0;
+  tuner_.reset(rank_ == 0 ? new HandoffTuner(settings) : nullptr);
+}
 
 std::unique_ptr<HostRendezvous> ShmPlane::CreateRendezvous() const {
   // After the barrier's words.
@@ -290,7 +307,7 @@ Status ShmPlane::Barrier() {
 }
 
 void ShmPlane::ReduceSlots(const char* const* srcs, char* dst, int64_t count,
-                           DataType dtype, ReduceOp op, bool dst_for_peers,
+                           DataType dtype, ReduceOp op, bool streaming,
                            char* also_to) {
   const int64_t esize = DataTypeSize(dtype);
   const int64_t per_block = kBlockBytes / esize;
@@ -306,7 +323,7 @@ void ShmPlane::ReduceSlots(const char* const* srcs, char* dst, int64_t count,
       ReducePair(dtype, op, q == 1 ? srcs[0] + offset : block,
                  srcs[q] + offset, block, n, q == size_ - 1 ? divisor : 1);
     }
-    CopyForReader(dst + offset, block, n * esize, dst_for_peers);
+    Copy(dst + offset, block, n * esize, streaming);
     if (also_to != nullptr) std::memcpy(also_to + offset, block, n * esize);
   }
 }
@@ -334,13 +351,12 @@ void ForEachPiece(const std::vector<int64_t>& starts, int64_t begin,
 }  // namespace
 
 void ShmPlane::CopyIn(const AllreducePart* parts, int64_t begin, int64_t n,
-                      int64_t esize, char* to, bool for_peers) const {
+                      int64_t esize, char* to, bool streaming) const {
   ForEachPiece(starts_, begin, n,
                [&](int k, int64_t in_part, int64_t in_range, int64_t count) {
-                 CopyForReader(to + in_range * esize,
-                               static_cast<const char*>(parts[k].in) +
-                                   in_part * esize,
-                               count * esize, for_peers);
+                 Copy(to + in_range * esize,
+                      static_cast<const char*>(parts[k].in) + in_part * esize,
+                      count * esize, streaming);
                });
 }
 
@@ -391,7 +407,7 @@ Status ShmPlane::RunAllreduce(const AllreducePart* parts, int num_parts,
     // barrier instead of two, and no copy out; the two slot sets alternate,
     // so a rank may write its next slot while a slower one still reads this
     // one (it cannot pass the next barrier before that one is done).
-    CopyIn(parts, 0, count, esize, Slot(rank_), /*for_peers=*/false);
+    CopyIn(parts, 0, count, esize, Slot(rank_), /*streaming=*/false);
     MPISTRATEGY_RETURN_IF_ERROR(Barrier());
     ForEachPiece(
         starts_, 0, count,
@@ -406,6 +422,25 @@ Status ShmPlane::RunAllreduce(const AllreducePart* parts, int num_parts,
     NextSet();
     return Status::Ok();
   }
+  return RunLargeAllreduce(parts, count, dtype, op);
+}
+
+Status ShmPlane::RunLargeAllreduce(const AllreducePart* parts, int64_t count,
+                                   DataType dtype, ReduceOp op) {
+  const int64_t esize = DataTypeSize(dtype);
+  if (tuner_ != nullptr) {
+    if (last_bytes_ > 0) {
+      tuner_->Record(last_handoff_, last_bytes_, last_seconds_);
+    }
+    __atomic_store_n(handoff_word_, static_cast<uint32_t>(tuner_->Next()),
+                     __ATOMIC_RELAXED);
+  }
+  const bool streaming = handoff_ == Handoff::kStreaming;
+  Handoff next = handoff_;
+  // This rank's time copying and reducing, without the barriers' waits
+  // (whose length is the other ranks' and the scheduler's).
+  using Clock = std::chrono::steady_clock;
+  Clock::duration working{};
   const int64_t chunk = round_bytes_ / esize;
   // Shares start on cache lines, so no two ranks write one line.
   const int64_t align = kCacheLineBytes / esize;
@@ -418,12 +453,20 @@ Status ShmPlane::RunAllreduce(const AllreducePart* parts, int num_parts,
     // shares from it, and this rank reduces its share straight from its
     // input into its output and into the slot (for the peers).  That saves
     // a copy in and a copy out of 1/size of the bytes.  What goes into the
-    // slot is read by the other ranks' cores next, so it bypasses this
-    // core's caches (streaming_copy.h).
-    CopyIn(parts, done, lo, esize, Slot(rank_), /*for_peers=*/true);
+    // slot is read by the other ranks' cores next: it is written the way
+    // rank 0's tuner picked (shm_plane.h).
+    Clock::time_point began = Clock::now();
+    CopyIn(parts, done, lo, esize, Slot(rank_), streaming);
     CopyIn(parts, done + hi, n - hi, esize, Slot(rank_) + hi * esize,
-           /*for_peers=*/true);
+           streaming);
+    working += Clock::now() - began;
     MPISTRATEGY_RETURN_IF_ERROR(Barrier());
+    if (done == 0) {
+      // Written by rank 0 before it arrived (shm_plane.h).
+      next = static_cast<Handoff>(
+          __atomic_load_n(handoff_word_, __ATOMIC_RELAXED));
+    }
+    began = Clock::now();
     ForEachPiece(
         starts_, done + lo, hi - lo,
         [&](int k, int64_t in_part, int64_t in_range, int64_t elements) {
@@ -432,10 +475,12 @@ Status ShmPlane::RunAllreduce(const AllreducePart* parts, int num_parts,
           srcs_[rank_] =
               static_cast<const char*>(parts[k].in) + in_part * esize;
           ReduceSlots(srcs_.data(), Slot(rank_) + at, elements, dtype, op,
-                      /*dst_for_peers=*/true,
+                      streaming,
                       static_cast<char*>(parts[k].out) + in_part * esize);
         });
+    working += Clock::now() - began;
     MPISTRATEGY_RETURN_IF_ERROR(Barrier());
+    began = Clock::now();
     for (int q = 0; q < size_; ++q) {
       const int64_t qlo = std::min(n, q * share);
       const int64_t qhi = std::min(n, qlo + share);
@@ -443,8 +488,13 @@ Status ShmPlane::RunAllreduce(const AllreducePart* parts, int num_parts,
         CopyOut(parts, done + qlo, qhi - qlo, esize, Slot(q) + qlo * esize);
       }
     }
+    working += Clock::now() - began;
     NextSet();
   }
+  last_bytes_ = count * esize;
+  last_seconds_ = std::chrono::duration<double>(working).count();
+  last_handoff_ = handoff_;
+  handoff_ = next;
   return Status::Ok();
 }
 

@@ -8,8 +8,9 @@
 // the host removes it (RemoveAbandonedShmSegments).
 //
 // The segment holds the barrier's words, the area of the
-// negotiation's rendezvous (host_rendezvous.h) and two sets of one slot per
-// rank.  A collective moves its data in rounds of at most a slot, and at
+// negotiation's rendezvous (host_rendezvous.h), the word through which rank
+// 0 publishes how large allreduces hand their lines over (below) and two
+// sets of one slot per rank.  A collective moves its data in rounds of at most a slot, and at
 // most kShmMaxRoundBytes, per rank, alternating the sets, so that a round's
 // writes never touch the set the previous round's readers may still read:
 //   * allreduce: every rank copies its chunk into its slot; barrier; rank r
@@ -23,6 +24,15 @@
 //     round; barrier; rank r reduces block r into its output.
 // Alltoallv is not done in shared memory: it goes to the `fallback` plane
 // (MPI), whose ranks must be this plane's ranks.
+//
+// A large allreduce writes what the peers read next (its slot) either with
+// ordinary or with non-temporal stores, whichever is faster on this machine
+// now (handoff_tuner.h).  Rank 0 times its copying and reducing in large
+// allreduces and its tuner picks the way.  Rank 0 writes the way of
+// allreduce k + 1 into the segment's word before it arrives at the first
+// barrier of allreduce k, and every rank reads the word after that barrier.
+// Rank 0 cannot write the word again before every rank has arrived at the
+// next barrier, so all ranks use the same way for every allreduce.
 //
 // A barrier is a round of the HostRounds at the start of the segment
 // (peer_wait.h): the last rank to arrive wakes the others, who spin
@@ -42,6 +52,7 @@
 #include <vector>
 
 #include "cc/transport/data_plane.h"
+#include "cc/transport/handoff_tuner.h"
 #include "cc/transport/host_rendezvous.h"
 #include "cc/transport/peer_wait.h"
 
@@ -114,6 +125,12 @@ class ShmPlane : public DataPlane {
   // Bytes one rank moves per round (tests use it to cross round borders).
   int64_t round_bytes() const { return round_bytes_; }
 
+  // Tests: restarts the hand-off tuning with `settings` (on every rank,
+  // before a large allreduce; every rank starts with settings.initial).
+  void SetHandoffTuning(const HandoffTunerSettings& settings);
+  // How the last large allreduce wrote its slot (tests).
+  Handoff last_handoff() const { return last_handoff_; }
+
   // Every method needs a host-synchronous stream (Internal error otherwise).
   // kMean on a non-floating dtype is InvalidArgument on every rank, before
   // any rank waits.
@@ -148,20 +165,25 @@ class ShmPlane : public DataPlane {
   // Allreduce and AllreduceParts: the parts laid end to end.
   Status RunAllreduce(const AllreducePart* parts, int num_parts,
                       DataType dtype, ReduceOp op);
+  // RunAllreduce above kSmallAllreduceBytes: reduce-scatter and allgather
+  // through the slots, in rounds.  `count` elements in all.
+  Status RunLargeAllreduce(const AllreducePart* parts, int64_t count,
+                           DataType dtype, ReduceOp op);
   // Copies elements [begin, begin + n) of the parts laid end to end: out of
-  // their inputs to `to` (CopyIn; with non-temporal stores when `for_peers`,
-  // see streaming_copy.h), or from `from` to their outputs (CopyOut).
+  // their inputs to `to` (CopyIn; with non-temporal stores when
+  // `streaming`, see streaming_copy.h), or from `from` to their outputs
+  // (CopyOut).
   // starts_ holds the parts' first elements.
   void CopyIn(const AllreducePart* parts, int64_t begin, int64_t n,
-              int64_t esize, char* to, bool for_peers) const;
+              int64_t esize, char* to, bool streaming) const;
   void CopyOut(const AllreducePart* parts, int64_t begin, int64_t n,
                int64_t esize, const char* from) const;
   // dst[0, count) = srcs[0] op srcs[1] op ... (size_ sources, rank order),
   // divided by size_ for kMean, and the same into also_to unless null; dst
-  // and also_to may each be one of the sources.  `dst_for_peers`: dst is a
-  // slot that other ranks read next (non-temporal stores).
+  // and also_to may each be one of the sources.  `streaming`: dst gets
+  // non-temporal stores (also_to never does).
   void ReduceSlots(const char* const* srcs, char* dst, int64_t count,
-                   DataType dtype, ReduceOp op, bool dst_for_peers = false,
+                   DataType dtype, ReduceOp op, bool streaming = false,
                    char* also_to = nullptr);
 
   const int rank_;
@@ -176,6 +198,16 @@ class ShmPlane : public DataPlane {
   DataPlane* const fallback_;
   std::function<Status()> wait_hook_;
   int set_ = 0;
+  // The segment's word with the way of the next large allreduce (above).
+  uint32_t* const handoff_word_;
+  // The way of this rank's next large allreduce, and of its last one.
+  Handoff handoff_;
+  Handoff last_handoff_;
+  // Rank 0 only: picks the ways, from its last allreduce's time (reported
+  // one allreduce late, when the next one starts).
+  std::unique_ptr<HandoffTuner> tuner_;
+  int64_t last_bytes_ = 0;
+  double last_seconds_ = 0.0;
   // Reused per call.
   std::vector<const char*> srcs_;
   std::vector<int64_t> starts_;

@@ -226,6 +226,58 @@ void CheckAllreduceParts(ShmPlane* plane, Stream* stream,
   }
 }
 
+// The two ways of handing lines over (handoff_tuner.h): large allreduces
+// right with either one fixed, and with the way changing from one
+// allreduce to the next, every rank using the way rank 0 picked each time.
+void CheckHandoffs(ShmPlane* plane, Stream* stream, MPI_Comm comm) {
+  for (Handoff way : {Handoff::kCached, Handoff::kStreaming}) {
+    HandoffTunerSettings fixed;
+    fixed.initial = way;
+    fixed.min_probe_gap = fixed.max_probe_gap = 1 << 30;  // never probes
+    plane->SetHandoffTuning(fixed);
+    // Several rounds for every dtype.
+    CheckAllreduce(plane, stream, 5 * kShmMaxRoundBytes / 4 + 3,
+                   HandoffName(way));
+    CHECK_TRUE(plane->last_handoff() == way, "%s: the plane used %s",
+               HandoffName(way), HandoffName(plane->last_handoff()));
+  }
+  // A probe every other allreduce, and every probe wins and switches.
+  HandoffTunerSettings flipping;
+  flipping.min_probe_gap = flipping.max_probe_gap = 2;
+  flipping.wins_to_switch = 1;
+  flipping.min_gain = -1e9;
+  flipping.min_bytes = 0;
+  plane->SetHandoffTuning(flipping);
+  const int n = plane->size();
+  int used[2] = {0, 0};
+  for (int i = 0; i < 64; ++i) {
+    const DataType dtype = DataType::kFloat32;
+    const int64_t count = 5000 + 97 * i;  // 20 KB and more: large
+    const std::vector<char> want =
+        Expected(dtype, ReduceOp::kSum, n, i, count);
+    std::vector<char> buf(count * 4);
+    Fill(dtype, plane->rank(), i, buf.data(), count);
+    CHECK_OK(plane->Allreduce(buf.data(), buf.data(), count, dtype,
+                              ReduceOp::kSum, stream));
+    const int64_t bad = FirstMismatch(dtype, buf.data(), want.data(), count);
+    CHECK_TRUE(bad < 0, "flipping hand-offs, allreduce %d: element %lld", i,
+               static_cast<long long>(bad));
+    const int mine = static_cast<int>(plane->last_handoff());
+    std::vector<int> ways(n);
+    MPI_Allgather(&mine, 1, MPI_INT, ways.data(), 1, MPI_INT, comm);
+    for (int q = 0; q < n; ++q) {
+      CHECK_TRUE(ways[q] == ways[0],
+                 "allreduce %d: rank %d used %s, rank 0 %s", i, q,
+                 HandoffName(static_cast<Handoff>(ways[q])),
+                 HandoffName(static_cast<Handoff>(ways[0])));
+    }
+    ++used[mine];
+  }
+  CHECK_TRUE(used[0] > 8 && used[1] > 8,
+             "flipping hand-offs: %d cached, %d streaming", used[0], used[1]);
+  plane->SetHandoffTuning(HandoffTunerSettings());
+}
+
 void CheckAllgatherv(ShmPlane* plane, Stream* stream, int64_t base) {
   const int n = plane->size();
   const int r = plane->rank();
@@ -537,6 +589,7 @@ int Main(int argc, char** argv) {
       CheckReducescatter(plane.get(), &stream, base);
     }
     CheckAlltoall(plane.get(), &stream);
+    CheckHandoffs(plane.get(), &stream, comm);
     if (large) {
       // More than 2^31 elements, in place (sums of 1 + rank wrap in uint8).
       const int64_t count = (int64_t{1} << 31) + 4099;

@@ -1,0 +1,71 @@
+#include "cc/transport/handoff_tuner.h"
+
+#include <algorithm>
+
+namespace mpistrategy {
+
+namespace {
+
+Handoff Other(Handoff way) {
+  return way == Handoff::kCached ? Handoff::kStreaming : Handoff::kCached;
+}
+
+// floor(log2(bytes)) for bytes > 0.
+int SizeClass(int64_t bytes) {
+  return 63 - __builtin_clzll(static_cast<unsigned long long>(bytes));
+}
+
+}  // namespace
+
+const char* HandoffName(Handoff way) {
+  return way == Handoff::kCached ? "cached" : "streaming";
+}
+
+HandoffTuner::HandoffTuner(const HandoffTunerSettings& settings)
+    : settings_(settings),
+      incumbent_(settings.initial),
+      probe_gap_(std::max(1, settings.min_probe_gap)) {}
+
+Handoff HandoffTuner::Next() {
+  if (++since_probe_ < probe_gap_) return incumbent_;
+  since_probe_ = 0;
+  return Other(incumbent_);
+}
+
+double HandoffTuner::IncumbentSecondsPerByte(int size_class) const {
+  const Recent& r = recent_[size_class];
+  if (r.count == 0) return -1.0;
+  std::array<double, kKept> sorted = r.seconds_per_byte;
+  const int n = static_cast<int>(std::min<int64_t>(r.count, kKept));
+  std::sort(sorted.begin(), sorted.begin() + n);
+  return sorted[n / 2];
+}
+
+void HandoffTuner::Record(Handoff way, int64_t bytes, double seconds) {
+  if (bytes <= 0 || bytes < settings_.min_bytes) return;
+  const int size_class = SizeClass(bytes);
+  const double per_byte = seconds / static_cast<double>(bytes);
+  if (way == incumbent_) {
+    Recent& r = recent_[size_class];
+    r.seconds_per_byte[r.count % kKept] = per_byte;  // over the oldest
+    ++r.count;
+    return;
+  }
+  const double incumbent = IncumbentSecondsPerByte(size_class);
+  // Nothing of this size to compare with yet: the probe does not count.
+  if (incumbent < 0) return;
+  if (per_byte >= (1.0 - settings_.min_gain) * incumbent) {
+    wins_ = 0;
+    probe_gap_ = std::min(2 * probe_gap_, settings_.max_probe_gap);
+    return;
+  }
+  probe_gap_ = std::max(1, settings_.min_probe_gap);
+  if (++wins_ < settings_.wins_to_switch) return;
+  // The kept times are the old incumbent's.
+  incumbent_ = way;
+  wins_ = 0;
+  ++switches_;
+  recent_.fill(Recent{});
+}
+
+}  // namespace mpistrategy

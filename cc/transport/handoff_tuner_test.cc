@@ -1,0 +1,155 @@
+// HandoffTuner with synthetic times: it keeps the faster way, finds a
+// phase change, shrugs off single noisy probes, and probes a clearly slower
+// way ever more rarely.
+
+#include "cc/transport/handoff_tuner.h"
+
+#include <cstdint>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace mpistrategy {
+namespace {
+
+constexpr int64_t kBytes = 4 << 20;
+
+// Runs `collectives` collectives of kBytes through `tuner`, each taking
+// `cost(way)` seconds per byte, and returns the ways used.
+template <typename Cost>
+std::vector<Handoff> RunCollectives(HandoffTuner* tuner, int collectives,
+                                    Cost cost) {
+  std::vector<Handoff> ways;
+  for (int i = 0; i < collectives; ++i) {
+    const Handoff way = tuner->Next();
+    ways.push_back(way);
+    tuner->Record(way, kBytes, cost(way) * kBytes);
+  }
+  return ways;
+}
+
+int Count(const std::vector<Handoff>& ways, Handoff way) {
+  int n = 0;
+  for (Handoff w : ways) n += w == way;
+  return n;
+}
+
+// Cached twice as fast as streaming, or the other way round.
+double CachedFast(Handoff way) {
+  return way == Handoff::kCached ? 1e-10 : 2e-10;
+}
+double StreamingFast(Handoff way) {
+  return way == Handoff::kStreaming ? 1e-10 : 5e-10;
+}
+
+TEST(HandoffTunerTest, SwitchesToTheFasterWay) {
+  HandoffTuner tuner;  // streaming first
+  EXPECT_EQ(tuner.incumbent(), Handoff::kStreaming);
+  // Three winning probes, every min_probe_gap (8) collectives.
+  RunCollectives(&tuner, 3 * 8, CachedFast);
+  EXPECT_EQ(tuner.incumbent(), Handoff::kCached);
+  EXPECT_EQ(tuner.switches(), 1);
+  // Then the streaming probes lose and get rare.
+  const std::vector<Handoff> ways = RunCollectives(&tuner, 2000, CachedFast);
+  EXPECT_EQ(tuner.incumbent(), Handoff::kCached);
+  EXPECT_EQ(tuner.switches(), 1);
+  // Gaps of 8, 16, ..., 256, then every 256.
+  EXPECT_LE(Count(ways, Handoff::kStreaming), 12);
+  EXPECT_GE(Count(ways, Handoff::kStreaming), 6);
+}
+
+TEST(HandoffTunerTest, KeepsTheFasterIncumbent) {
+  HandoffTuner tuner;
+  const std::vector<Handoff> ways =
+      RunCollectives(&tuner, 5000, StreamingFast);
+  EXPECT_EQ(tuner.incumbent(), Handoff::kStreaming);
+  EXPECT_EQ(tuner.switches(), 0);
+  EXPECT_LE(Count(ways, Handoff::kCached), 26);
+}
+
+TEST(HandoffTunerTest, FindsAPhaseChange) {
+  HandoffTuner tuner;
+  RunCollectives(&tuner, 3000, StreamingFast);
+  ASSERT_EQ(tuner.incumbent(), Handoff::kStreaming);
+  // The probes are 256 apart by now.  The first one after the change may
+  // still be compared with the incumbent's times from before it and lose;
+  // the next one wins, and two more 8 apart.
+  RunCollectives(&tuner, 2 * 256 + 2 * 8, CachedFast);
+  EXPECT_EQ(tuner.incumbent(), Handoff::kCached);
+  // And back.
+  RunCollectives(&tuner, 3000, CachedFast);
+  RunCollectives(&tuner, 2 * 256 + 2 * 8, StreamingFast);
+  EXPECT_EQ(tuner.incumbent(), Handoff::kStreaming);
+  EXPECT_EQ(tuner.switches(), 2);
+}
+
+TEST(HandoffTunerTest, OneNoisyProbeDoesNotSwitch) {
+  HandoffTuner tuner;
+  int probes = 0;
+  // Streaming is faster, but every other probe of the cached way happens
+  // to be faster (a hiccup in the incumbent's collectives, say).
+  for (int i = 0; i < 3000; ++i) {
+    const Handoff way = tuner.Next();
+    double cost = StreamingFast(way);
+    if (way == Handoff::kCached && ++probes % 2 == 0) cost = 0.5e-10;
+    tuner.Record(way, kBytes, cost * kBytes);
+  }
+  EXPECT_EQ(tuner.incumbent(), Handoff::kStreaming);
+  EXPECT_EQ(tuner.switches(), 0);
+}
+
+TEST(HandoffTunerTest, NeedsTheMinimumGain) {
+  HandoffTuner tuner;
+  // Cached only 5% faster: not worth a switch (min_gain 10%).
+  RunCollectives(&tuner, 3000, [](Handoff way) {
+    return way == Handoff::kCached ? 0.95e-10 : 1e-10;
+  });
+  EXPECT_EQ(tuner.switches(), 0);
+}
+
+TEST(HandoffTunerTest, ComparesWithinASizeClass) {
+  HandoffTuner tuner;
+  // Small collectives cost more per byte than large ones whichever the
+  // way; the cached way is slower at every size.  Probes on the small
+  // size must not be compared with the large size's times.
+  int i = 0;
+  for (; i < 4000; ++i) {
+    const int64_t bytes = i % 2 == 0 ? (512 << 10) : (16 << 20);
+    const Handoff way = tuner.Next();
+    double per_byte = bytes < (1 << 20) ? 10e-10 : 1e-10;
+    if (way == Handoff::kCached) per_byte *= 1.5;
+    tuner.Record(way, bytes, per_byte * static_cast<double>(bytes));
+  }
+  EXPECT_EQ(tuner.switches(), 0);
+}
+
+TEST(HandoffTunerTest, AProbeWithNothingToCompareDoesNotCount) {
+  HandoffTunerSettings settings;
+  settings.min_probe_gap = 1;  // every collective a probe
+  settings.wins_to_switch = 1;
+  HandoffTuner tuner(settings);
+  // No incumbent time of this size yet: however fast, no switch.
+  for (int i = 0; i < 10; ++i) {
+    const Handoff way = tuner.Next();
+    ASSERT_EQ(way, Handoff::kCached);
+    tuner.Record(way, kBytes, 1e-9);
+  }
+  EXPECT_EQ(tuner.switches(), 0);
+  // Zero bytes, and fewer than min_bytes, are ignored.
+  tuner.Record(Handoff::kStreaming, 0, 1.0);
+  tuner.Record(Handoff::kStreaming, settings.min_bytes - 1, 1.0);
+  tuner.Record(Handoff::kCached, kBytes, 1e-9);
+  tuner.Record(Handoff::kCached, settings.min_bytes - 1, 1e-9);
+  EXPECT_EQ(tuner.switches(), 0);
+  tuner.Record(Handoff::kStreaming, kBytes, 1.0);
+  tuner.Record(Handoff::kCached, kBytes, 1e-9);
+  EXPECT_EQ(tuner.incumbent(), Handoff::kCached);
+}
+
+TEST(HandoffTunerTest, Names) {
+  EXPECT_STREQ(HandoffName(Handoff::kCached), "cached");
+  EXPECT_STREQ(HandoffName(Handoff::kStreaming), "streaming");
+}
+
+}  // namespace
+}  // namespace mpistrategy
