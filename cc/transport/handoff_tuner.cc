@@ -15,6 +15,14 @@ int SizeClass(int64_t bytes) {
   return 63 - __builtin_clzll(static_cast<unsigned long long>(bytes));
 }
 
+// Gaps of at least 1, the largest at least the smallest.
+HandoffTunerSettings Checked(HandoffTunerSettings settings) {
+  settings.min_probe_gap = std::max<int64_t>(1, settings.min_probe_gap);
+  settings.max_probe_gap =
+      std::max(settings.min_probe_gap, settings.max_probe_gap);
+  return settings;
+}
+
 }  // namespace
 
 const char* HandoffName(Handoff way) {
@@ -22,9 +30,9 @@ const char* HandoffName(Handoff way) {
 }
 
 HandoffTuner::HandoffTuner(const HandoffTunerSettings& settings)
-    : settings_(settings),
+    : settings_(Checked(settings)),
       incumbent_(settings.initial),
-      probe_gap_(std::max(1, settings.min_probe_gap)) {}
+      probe_gap_(settings_.min_probe_gap) {}
 
 Handoff HandoffTuner::Next() {
   if (++since_probe_ < probe_gap_) return incumbent_;
@@ -34,7 +42,12 @@ Handoff HandoffTuner::Next() {
 
 double HandoffTuner::IncumbentSecondsPerByte(int size_class) const {
   const Recent& r = recent_[size_class];
-  if (r.count == 0) return -1.0;
+  // Timed collectives reported since the newest (the probe at hand, the
+  // last one reported, not counted).
+  const int64_t since = records_ - r.newest - 1;
+  if (r.count == 0 || since > kMaxAgeInGaps * settings_.max_probe_gap) {
+    return -1.0;
+  }
   std::array<double, kKept> sorted = r.seconds_per_byte;
   const int n = static_cast<int>(std::min<int64_t>(r.count, kKept));
   std::sort(sorted.begin(), sorted.begin() + n);
@@ -43,23 +56,25 @@ double HandoffTuner::IncumbentSecondsPerByte(int size_class) const {
 
 void HandoffTuner::Record(Handoff way, int64_t bytes, double seconds) {
   if (bytes <= 0 || bytes < settings_.min_bytes) return;
+  ++records_;
   const int size_class = SizeClass(bytes);
   const double per_byte = seconds / static_cast<double>(bytes);
   if (way == incumbent_) {
     Recent& r = recent_[size_class];
     r.seconds_per_byte[r.count % kKept] = per_byte;  // over the oldest
     ++r.count;
+    r.newest = records_;
     return;
   }
   const double incumbent = IncumbentSecondsPerByte(size_class);
-  // Nothing of this size to compare with yet: the probe does not count.
+  // Nothing of this size to compare with: the probe does not count.
   if (incumbent < 0) return;
   if (per_byte >= (1.0 - settings_.min_gain) * incumbent) {
     wins_ = 0;
     probe_gap_ = std::min(2 * probe_gap_, settings_.max_probe_gap);
     return;
   }
-  probe_gap_ = std::max(1, settings_.min_probe_gap);
+  probe_gap_ = settings_.min_probe_gap;
   if (++wins_ < settings_.wins_to_switch) return;
   // The kept times are the old incumbent's.
   incumbent_ = way;

@@ -13,16 +13,18 @@
 // (bench/RESULTS.md sections 17 and 24).  So the plane measures.
 //
 // HandoffTuner does the measuring for rank 0 of a host, which publishes its
-// choice to the host's other ranks (shm_plane.h).  A collective's time is
-// rank 0's time copying and reducing, without the waits in barriers, whose
-// length depends on the other ranks and the scheduler.  The tuner keeps an
-// incumbent way and now and then picks the other one for a single
-// collective (a probe), whose time per byte it compares with the latest
-// collectives of similar size (within a factor of 2) done the incumbent
-// way.  The other way takes over after `wins_to_switch` probes in a row
-// that were faster by `min_gain`.  A probe that loses doubles the gap to
-// the next one, up to `max_probe_gap` collectives, so that a clearly slower
-// way costs little while a phase change is still found a few probes later.
+// choice to the host's other ranks (shm_plane.h).  It times only
+// collectives of at least `min_bytes`; smaller ones use the incumbent.  A
+// collective's time is rank 0's time copying and reducing, without the
+// waits in barriers, whose length depends on the other ranks and the
+// scheduler.  The tuner keeps an incumbent way and now and then picks the
+// other one for a single timed collective (a probe), whose time per byte it
+// compares with the median of the latest three timed collectives of the
+// same power-of-two size class done the incumbent way.  The other way
+// takes over after `wins_to_switch` probes in a row that were faster by
+// `min_gain`.  A probe that loses doubles the gap to the next one, up to
+// `max_probe_gap` timed collectives, so that a clearly slower way costs
+// little while a phase change is still found a few probes later.
 //
 // Thread-compatible.  Clock-free (times are passed in), so tests drive it
 // with synthetic times.
@@ -42,34 +44,34 @@ const char* HandoffName(Handoff way);
 
 struct HandoffTunerSettings {
   // The incumbent before any probe.  Streaming: its worst phase measured
-  // (11 GB/s) is far better than the cached way's (4 GB/s).
+  // (9 GB/s) is far better than the cached way's (4 GB/s).
   Handoff initial = Handoff::kStreaming;
-  // Collectives between probes: at first, after a probe that won and after
-  // a switch; doubled by each probe that lost, up to max_probe_gap.
-  int min_probe_gap = 8;
-  int max_probe_gap = 256;
+  // Timed collectives between probes: at first, after a probe that won and
+  // after a switch; doubled by each probe that lost, up to max_probe_gap.
+  int64_t min_probe_gap = 8;
+  int64_t max_probe_gap = 256;
   // Probes in a row that must win before the other way takes over.
   int wins_to_switch = 3;
   // A probe wins when its time per byte is below (1 - min_gain) times the
   // incumbent's.
   double min_gain = 0.1;
-  // Collectives of fewer bytes per rank are not counted: their lines stay
-  // in the caches whichever the way, and they are too short to time well.
-  // (They may still be probes, since a way is picked before its
-  // collective's size is known.)
+  // Collectives of fewer bytes are not timed: their lines stay in the
+  // caches whichever the way, and they are too short to time well.
   int64_t min_bytes = 256 << 10;
 };
 
 class HandoffTuner {
  public:
+  // Gaps below 1, or a max_probe_gap below min_probe_gap, are raised.
   explicit HandoffTuner(const HandoffTunerSettings& settings = {});
 
-  // The way the next collective uses (the incumbent, or a probe of the
-  // other way).
+  // The way the next timed collective uses (the incumbent, or a probe of
+  // the other way).
   Handoff Next();
-  // Reports a collective that used `way` (as Next() returned it) and moved
-  // `bytes` per rank in `seconds`.  Collectives of fewer than
-  // settings.min_bytes are ignored.
+  // Reports a timed collective that used `way` (as Next() returned it; the
+  // report may come after later Next() calls) and moved a vector of
+  // `bytes` in `seconds`.  Collectives of fewer than settings.min_bytes are
+  // ignored.
   void Record(Handoff way, int64_t bytes, double seconds);
 
   Handoff incumbent() const { return incumbent_; }
@@ -83,16 +85,21 @@ class HandoffTuner {
   static constexpr int kClasses = 64;
   struct Recent {
     std::array<double, kKept> seconds_per_byte{};
-    int64_t count = 0;  // recorded so far
+    int64_t count = 0;    // recorded so far
+    int64_t newest = 0;   // records_ when the newest was recorded
   };
   // The median of the kept times of `size_class`, or a negative number if
-  // none is kept.
+  // none is kept or more than kMaxAgeInGaps * max_probe_gap timed
+  // collectives came since the newest (another phase of the machine,
+  // maybe).
   double IncumbentSecondsPerByte(int size_class) const;
+  static constexpr int64_t kMaxAgeInGaps = 4;
 
   const HandoffTunerSettings settings_;
   Handoff incumbent_;
-  int probe_gap_;
-  int since_probe_ = 0;
+  int64_t probe_gap_;
+  int64_t since_probe_ = 0;
+  int64_t records_ = 0;  // timed collectives reported
   int wins_ = 0;
   int switches_ = 0;
   std::array<Recent, kClasses> recent_{};

@@ -146,6 +146,96 @@ TEST(HandoffTunerTest, AProbeWithNothingToCompareDoesNotCount) {
   EXPECT_EQ(tuner.incumbent(), Handoff::kCached);
 }
 
+// The plane reports a collective when the next timed one starts, after
+// it asked for that one's way: reports one collective late.
+TEST(HandoffTunerTest, SwitchesWithReportsOneLate) {
+  HandoffTuner tuner;
+  Handoff pending = tuner.incumbent();  // the first collective's way
+  for (int i = 0; i < 200; ++i) {
+    const Handoff next = tuner.Next();
+    tuner.Record(pending, kBytes, CachedFast(pending) * kBytes);
+    pending = next;
+  }
+  EXPECT_EQ(tuner.incumbent(), Handoff::kCached);
+  EXPECT_EQ(tuner.switches(), 1);
+}
+
+// Probes compare with the median of the last three incumbent times: one
+// fast or slow outlier among them changes nothing.
+TEST(HandoffTunerTest, ComparesWithTheMedian) {
+  for (const double outlier : {0.5e-10, 3e-10}) {
+    HandoffTuner tuner;
+    int incumbent_calls = 0;
+    for (int i = 0; i < 3000; ++i) {
+      const Handoff way = tuner.Next();
+      // Streaming 1e-10 but every third time `outlier`; cached 0.85e-10
+      // with a fast outlier among streaming's times (a win against the
+      // median, a loss against the minimum), 1.5e-10 with a slow one (a
+      // loss against the median, a win against the maximum).
+      double cost = outlier < 1e-10 ? 0.85e-10 : 1.5e-10;
+      if (way == Handoff::kStreaming) {
+        cost = ++incumbent_calls % 3 == 0 ? outlier : 1e-10;
+      }
+      tuner.Record(way, kBytes, cost * kBytes);
+      if (tuner.switches() > 0) break;
+    }
+    EXPECT_EQ(tuner.switches(), outlier < 1e-10 ? 1 : 0) << outlier;
+  }
+}
+
+TEST(HandoffTunerTest, ForgetsTheOldIncumbentsTimesOnASwitch) {
+  HandoffTunerSettings settings;
+  settings.wins_to_switch = 1;
+  HandoffTuner tuner(settings);
+  for (int i = 0; i < 3; ++i) {
+    tuner.Record(Handoff::kStreaming, kBytes, 1e-10 * kBytes);
+  }
+  tuner.Record(Handoff::kCached, kBytes, 0.5e-10 * kBytes);
+  ASSERT_EQ(tuner.incumbent(), Handoff::kCached);
+  // Nothing of the new incumbent's to compare with yet: a fast streaming
+  // time is not a win (the kept times were streaming's own).
+  tuner.Record(Handoff::kStreaming, kBytes, 0.1e-10 * kBytes);
+  EXPECT_EQ(tuner.incumbent(), Handoff::kCached);
+  EXPECT_EQ(tuner.switches(), 1);
+}
+
+TEST(HandoffTunerTest, OldTimesExpire) {
+  HandoffTunerSettings settings;
+  settings.wins_to_switch = 1;
+  settings.min_probe_gap = 1;
+  settings.max_probe_gap = 4;
+  HandoffTuner tuner(settings);
+  constexpr int64_t kRare = 64 << 20;
+  tuner.Record(Handoff::kStreaming, kRare, 1e-10 * kRare);
+  // 16 = kMaxAgeInGaps * max_probe_gap timed collectives of another size.
+  for (int i = 0; i < 16; ++i) {
+    tuner.Record(Handoff::kStreaming, kBytes, 1e-10 * kBytes);
+  }
+  tuner.Record(Handoff::kCached, kRare, 0.5e-10 * kRare);
+  EXPECT_EQ(tuner.switches(), 1);  // 16 old: still compared
+  HandoffTuner other(settings);
+  other.Record(Handoff::kStreaming, kRare, 1e-10 * kRare);
+  for (int i = 0; i < 17; ++i) {
+    other.Record(Handoff::kStreaming, kBytes, 1e-10 * kBytes);
+  }
+  other.Record(Handoff::kCached, kRare, 0.5e-10 * kRare);
+  EXPECT_EQ(other.switches(), 0);  // 17 old: expired
+}
+
+TEST(HandoffTunerTest, RaisesBadGaps) {
+  HandoffTunerSettings settings;
+  settings.min_probe_gap = 0;
+  settings.max_probe_gap = -5;
+  HandoffTuner tuner(settings);
+  // Gaps of 1: every collective probes.
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(tuner.Next(), Handoff::kCached);
+  settings.min_probe_gap = 8;
+  settings.max_probe_gap = 2;  // raised to 8
+  HandoffTuner fixed(settings);
+  std::vector<Handoff> ways = RunCollectives(&fixed, 64, StreamingFast);
+  EXPECT_EQ(Count(ways, Handoff::kCached), 8);
+}
+
 TEST(HandoffTunerTest, Names) {
   EXPECT_STREQ(HandoffName(Handoff::kCached), "cached");
   EXPECT_STREQ(HandoffName(Handoff::kStreaming), "streaming");

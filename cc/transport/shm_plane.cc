@@ -282,7 +282,9 @@ ShmPlane::ShmPlane(int rank, int size, void* base, int64_t mapped_bytes,
 ShmPlane::~ShmPlane() = default;
 
 void ShmPlane::SetHandoffTuning(const HandoffTunerSettings& settings) {
-  handoff_ = settings.initial;
+  timed_bytes_ = settings.min_bytes;
+  next_timed_way_ = settings.initial;
+  untimed_way_ = settings.initial;
   last_handoff_ = settings.initial;
   last_bytes_ = 0;
   tuner_.reset(rank_ == 0 ? new HandoffTuner(settings) : nullptr);
@@ -428,19 +430,30 @@ Status ShmPlane::RunAllreduce(const AllreducePart* parts, int num_parts,
 Status ShmPlane::RunLargeAllreduce(const AllreducePart* parts, int64_t count,
                                    DataType dtype, ReduceOp op) {
   const int64_t esize = DataTypeSize(dtype);
-  if (tuner_ != nullptr) {
-    if (last_bytes_ > 0) {
-      tuner_->Record(last_handoff_, last_bytes_, last_seconds_);
-    }
-    __atomic_store_n(handoff_word_, static_cast<uint32_t>(tuner_->Next()),
-                     __ATOMIC_RELAXED);
-  }
-  const bool streaming = handoff_ == Handoff::kStreaming;
-  Handoff next = handoff_;
-  // This rank's time copying and reducing, without the barriers' waits
-  // (whose length is the other ranks' and the scheduler's).
+  const bool timed = count * esize >= timed_bytes_;
+  const Handoff way = timed ? next_timed_way_ : untimed_way_;
+  const bool streaming = way == Handoff::kStreaming;
+  // Rank 0 times this rank's copying and reducing, without the barriers'
+  // waits (whose length is the other ranks' and the scheduler's).
+  const bool timing = timed && tuner_ != nullptr;
   using Clock = std::chrono::steady_clock;
   Clock::duration working{};
+  Clock::time_point began;
+  auto start_work = [&] {
+    if (timing) began = Clock::now();
+  };
+  auto end_work = [&] {
+    if (timing) working += Clock::now() - began;
+  };
+  if (timing) {
+    if (last_bytes_ > 0) {
+      tuner_->Record(last_timed_way_, last_bytes_, last_seconds_);
+    }
+    const uint32_t word =
+        static_cast<uint32_t>(tuner_->Next()) |
+        static_cast<uint32_t>(tuner_->incumbent()) << 1;
+    __atomic_store_n(handoff_word_, word, __ATOMIC_RELAXED);
+  }
   const int64_t chunk = round_bytes_ / esize;
   // Shares start on cache lines, so no two ranks write one line.
   const int64_t align = kCacheLineBytes / esize;
@@ -455,18 +468,19 @@ Status ShmPlane::RunLargeAllreduce(const AllreducePart* parts, int64_t count,
     // a copy in and a copy out of 1/size of the bytes.  What goes into the
     // slot is read by the other ranks' cores next: it is written the way
     // rank 0's tuner picked (shm_plane.h).
-    Clock::time_point began = Clock::now();
+    start_work();
     CopyIn(parts, done, lo, esize, Slot(rank_), streaming);
     CopyIn(parts, done + hi, n - hi, esize, Slot(rank_) + hi * esize,
            streaming);
-    working += Clock::now() - began;
+    end_work();
     MPISTRATEGY_RETURN_IF_ERROR(Barrier());
-    if (done == 0) {
+    if (timed && done == 0) {
       // Written by rank 0 before it arrived (shm_plane.h).
-      next = static_cast<Handoff>(
-          __atomic_load_n(handoff_word_, __ATOMIC_RELAXED));
+      const uint32_t word = __atomic_load_n(handoff_word_, __ATOMIC_RELAXED);
+      next_timed_way_ = static_cast<Handoff>(word & 1);
+      untimed_way_ = static_cast<Handoff>((word >> 1) & 1);
     }
-    began = Clock::now();
+    start_work();
     ForEachPiece(
         starts_, done + lo, hi - lo,
         [&](int k, int64_t in_part, int64_t in_range, int64_t elements) {
@@ -478,9 +492,9 @@ Status ShmPlane::RunLargeAllreduce(const AllreducePart* parts, int64_t count,
                       streaming,
                       static_cast<char*>(parts[k].out) + in_part * esize);
         });
-    working += Clock::now() - began;
+    end_work();
     MPISTRATEGY_RETURN_IF_ERROR(Barrier());
-    began = Clock::now();
+    start_work();
     for (int q = 0; q < size_; ++q) {
       const int64_t qlo = std::min(n, q * share);
       const int64_t qhi = std::min(n, qlo + share);
@@ -488,13 +502,15 @@ Status ShmPlane::RunLargeAllreduce(const AllreducePart* parts, int64_t count,
         CopyOut(parts, done + qlo, qhi - qlo, esize, Slot(q) + qlo * esize);
       }
     }
-    working += Clock::now() - began;
+    end_work();
     NextSet();
   }
-  last_bytes_ = count * esize;
-  last_seconds_ = std::chrono::duration<double>(working).count();
-  last_handoff_ = handoff_;
-  handoff_ = next;
+  if (timing) {
+    last_timed_way_ = way;
+    last_bytes_ = count * esize;
+    last_seconds_ = std::chrono::duration<double>(working).count();
+  }
+  last_handoff_ = way;
   return Status::Ok();
 }
 

@@ -28,12 +28,15 @@
 // A large allreduce writes what the peers read next (its slot) either with
 // ordinary or with non-temporal stores, whichever is faster on this machine
 // now (handoff_tuner.h).  Rank 0 times its copying and reducing in large
-// allreduces and its tuner picks the way.  Rank 0 writes the way of
-// allreduce k + 1 into the segment's word before it arrives at the first
-// barrier of allreduce k, and every rank reads the word after that barrier.
-// Rank 0 cannot write the word again before every rank has arrived at the
-// next barrier, so all ranks use the same way for every allreduce.
-//
+// allreduces of at least HandoffTunerSettings::min_bytes (timed ones) and
+// its tuner picks the ways.  At the start of each timed allreduce rank 0
+// writes into the segment's word the way of the next timed allreduce and
+// the way of the smaller ones, before it arrives at the first barrier;
+// every rank reads the word after that barrier.  Rank 0 cannot write the
+// word again before every rank has arrived at the next barrier, and which
+// allreduces are timed depends on their size only, so all ranks use the
+// same way for every allreduce.
+
 // A barrier is a round of the HostRounds at the start of the segment
 // (peer_wait.h): the last rank to arrive wakes the others, who spin
 // briefly, then sleep (ranks may outnumber cores), calling the wait hook
@@ -126,7 +129,7 @@ class ShmPlane : public DataPlane {
   int64_t round_bytes() const { return round_bytes_; }
 
   // Tests: restarts the hand-off tuning with `settings` (on every rank,
-  // before a large allreduce; every rank starts with settings.initial).
+  // between collectives; every rank starts with settings.initial).
   void SetHandoffTuning(const HandoffTunerSettings& settings);
   // How the last large allreduce wrote its slot (tests).
   Handoff last_handoff() const { return last_handoff_; }
@@ -198,14 +201,19 @@ class ShmPlane : public DataPlane {
   DataPlane* const fallback_;
   std::function<Status()> wait_hook_;
   int set_ = 0;
-  // The segment's word with the way of the next large allreduce (above).
+  // The segment's word in which rank 0 publishes the ways (above): bit 0
+  // the next timed allreduce's, bit 1 the untimed ones'.
   uint32_t* const handoff_word_;
-  // The way of this rank's next large allreduce, and of its last one.
-  Handoff handoff_;
-  Handoff last_handoff_;
-  // Rank 0 only: picks the ways, from its last allreduce's time (reported
-  // one allreduce late, when the next one starts).
+  // Allreduces of at least timed_bytes_ are timed; the ways as rank 0 last
+  // published them; the way of this rank's last large allreduce.
+  int64_t timed_bytes_ = 0;
+  Handoff next_timed_way_ = Handoff::kStreaming;
+  Handoff untimed_way_ = Handoff::kStreaming;
+  Handoff last_handoff_ = Handoff::kStreaming;
+  // Rank 0 only: picks the ways from the time of its last timed allreduce
+  // (reported when the next timed one starts).
   std::unique_ptr<HandoffTuner> tuner_;
+  Handoff last_timed_way_ = Handoff::kStreaming;
   int64_t last_bytes_ = 0;
   double last_seconds_ = 0.0;
   // Reused per call.

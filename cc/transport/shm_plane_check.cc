@@ -241,18 +241,20 @@ void CheckHandoffs(ShmPlane* plane, Stream* stream, MPI_Comm comm) {
     CHECK_TRUE(plane->last_handoff() == way, "%s: the plane used %s",
                HandoffName(way), HandoffName(plane->last_handoff()));
   }
-  // A probe every other allreduce, and every probe wins and switches.
+  // Timed allreduces (32 KiB and more here) between untimed ones, a probe
+  // every other timed one, and every probe wins and switches.
   HandoffTunerSettings flipping;
   flipping.min_probe_gap = flipping.max_probe_gap = 2;
   flipping.wins_to_switch = 1;
   flipping.min_gain = -1e9;
-  flipping.min_bytes = 0;
+  flipping.min_bytes = 32 << 10;
   plane->SetHandoffTuning(flipping);
   const int n = plane->size();
   int used[2] = {0, 0};
-  for (int i = 0; i < 64; ++i) {
+  for (int i = 0; i < 96; ++i) {
     const DataType dtype = DataType::kFloat32;
-    const int64_t count = 5000 + 97 * i;  // 20 KB and more: large
+    // Large (above 16 KiB); untimed (20 KB) at every third.
+    const int64_t count = i % 3 == 0 ? 5000 : 9000 + 97 * i;
     const std::vector<char> want =
         Expected(dtype, ReduceOp::kSum, n, i, count);
     std::vector<char> buf(count * 4);
@@ -273,7 +275,7 @@ void CheckHandoffs(ShmPlane* plane, Stream* stream, MPI_Comm comm) {
     }
     ++used[mine];
   }
-  CHECK_TRUE(used[0] > 8 && used[1] > 8,
+  CHECK_TRUE(used[0] > 16 && used[1] > 16,
              "flipping hand-offs: %d cached, %d streaming", used[0], used[1]);
   plane->SetHandoffTuning(HandoffTunerSettings());
 }
