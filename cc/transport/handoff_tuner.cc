@@ -20,6 +20,7 @@ HandoffTunerSettings Checked(HandoffTunerSettings settings) {
   settings.min_probe_gap = std::max<int64_t>(1, settings.min_probe_gap);
   settings.max_probe_gap =
       std::max(settings.min_probe_gap, settings.max_probe_gap);
+  settings.settle = std::max(0, settings.settle);
   return settings;
 }
 
@@ -32,11 +33,17 @@ const char* HandoffName(Handoff way) {
 HandoffTuner::HandoffTuner(const HandoffTunerSettings& settings)
     : settings_(Checked(settings)),
       incumbent_(settings.initial),
-      probe_gap_(settings_.min_probe_gap) {}
+      probe_gap_(settings_.min_probe_gap),
+      last_way_(settings.initial) {}
 
 Handoff HandoffTuner::Next() {
+  if (probe_left_ > 0) {
+    --probe_left_;
+    return Other(incumbent_);
+  }
   if (++since_probe_ < probe_gap_) return incumbent_;
   since_probe_ = 0;
+  probe_left_ = settings_.settle;
   return Other(incumbent_);
 }
 
@@ -57,6 +64,10 @@ double HandoffTuner::IncumbentSecondsPerByte(int size_class) const {
 void HandoffTuner::Record(Handoff way, int64_t bytes, double seconds) {
   if (bytes <= 0 || bytes < settings_.min_bytes) return;
   ++records_;
+  // The first collectives after a change of way are not representative.
+  same_way_ = way == last_way_ ? same_way_ + 1 : 1;
+  last_way_ = way;
+  if (same_way_ <= settings_.settle) return;
   const int size_class = SizeClass(bytes);
   const double per_byte = seconds / static_cast<double>(bytes);
   if (way == incumbent_) {

@@ -18,8 +18,13 @@
 // collective's time is rank 0's time copying and reducing, without the
 // waits in barriers, whose length depends on the other ranks and the
 // scheduler.  The tuner keeps an incumbent way and now and then picks the
-// other one for a single timed collective (a probe), whose time per byte it
-// compares with the median of the latest three timed collectives of the
+// other one for a few timed collectives in a row (a probe).  The caches
+// need a collective or two to settle after a change of way (bench/
+// RESULTS.md section 24: on the VM the second collective after a switch to
+// ordinary stores took four times as long as the third), so neither the
+// probe's first `settle` collectives nor the incumbent's first ones after
+// it are compared.  The probe's last collective's time per byte is
+// compared with the median of the latest three timed collectives of the
 // same power-of-two size class done the incumbent way.  The other way
 // takes over after `wins_to_switch` probes in a row that were faster by
 // `min_gain`.  A probe that loses doubles the gap to the next one, up to
@@ -52,6 +57,9 @@ struct HandoffTunerSettings {
   int64_t max_probe_gap = 256;
   // Probes in a row that must win before the other way takes over.
   int wins_to_switch = 3;
+  // Timed collectives after a change of way that are not compared; a
+  // probe lasts settle + 1 timed collectives.
+  int settle = 2;
   // A probe wins when its time per byte is below (1 - min_gain) times the
   // incumbent's.
   double min_gain = 0.1;
@@ -62,7 +70,8 @@ struct HandoffTunerSettings {
 
 class HandoffTuner {
  public:
-  // Gaps below 1, or a max_probe_gap below min_probe_gap, are raised.
+  // Gaps below 1, a max_probe_gap below min_probe_gap and a negative
+  // settle are raised.
   explicit HandoffTuner(const HandoffTunerSettings& settings = {});
 
   // The way the next timed collective uses (the incumbent, or a probe of
@@ -99,6 +108,10 @@ class HandoffTuner {
   Handoff incumbent_;
   int64_t probe_gap_;
   int64_t since_probe_ = 0;
+  int probe_left_ = 0;  // of the probe under way, after the current one
+  // The way of the last reported collective, and how many in a row used it.
+  Handoff last_way_;
+  int same_way_ = 0;
   int64_t records_ = 0;  // timed collectives reported
   int wins_ = 0;
   int switches_ = 0;

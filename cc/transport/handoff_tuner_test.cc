@@ -1,6 +1,8 @@
 // HandoffTuner with synthetic times: it keeps the faster way, finds a
-// phase change, shrugs off single noisy probes, and probes a clearly slower
-// way ever more rarely.
+// phase change, shrugs off single noisy probes, probes a clearly slower
+// way ever more rarely, and lets the caches settle after a change of way.
+// Most tests count single-collective probes (settle 0); the settling has
+// tests of its own.
 
 #include "cc/transport/handoff_tuner.h"
 
@@ -34,6 +36,13 @@ int Count(const std::vector<Handoff>& ways, Handoff way) {
   return n;
 }
 
+// Probes of one collective, compared at once.
+HandoffTunerSettings NoSettling() {
+  HandoffTunerSettings settings;
+  settings.settle = 0;
+  return settings;
+}
+
 // Cached twice as fast as streaming, or the other way round.
 double CachedFast(Handoff way) {
   return way == Handoff::kCached ? 1e-10 : 2e-10;
@@ -43,7 +52,7 @@ double StreamingFast(Handoff way) {
 }
 
 TEST(HandoffTunerTest, SwitchesToTheFasterWay) {
-  HandoffTuner tuner;  // streaming first
+  HandoffTuner tuner(NoSettling());  // streaming first
   EXPECT_EQ(tuner.incumbent(), Handoff::kStreaming);
   // Three winning probes, every min_probe_gap (8) collectives.
   RunCollectives(&tuner, 3 * 8, CachedFast);
@@ -59,7 +68,7 @@ TEST(HandoffTunerTest, SwitchesToTheFasterWay) {
 }
 
 TEST(HandoffTunerTest, KeepsTheFasterIncumbent) {
-  HandoffTuner tuner;
+  HandoffTuner tuner(NoSettling());
   const std::vector<Handoff> ways =
       RunCollectives(&tuner, 5000, StreamingFast);
   EXPECT_EQ(tuner.incumbent(), Handoff::kStreaming);
@@ -68,7 +77,7 @@ TEST(HandoffTunerTest, KeepsTheFasterIncumbent) {
 }
 
 TEST(HandoffTunerTest, FindsAPhaseChange) {
-  HandoffTuner tuner;
+  HandoffTuner tuner(NoSettling());
   RunCollectives(&tuner, 3000, StreamingFast);
   ASSERT_EQ(tuner.incumbent(), Handoff::kStreaming);
   // The probes are 256 apart by now.  The first one after the change may
@@ -84,7 +93,7 @@ TEST(HandoffTunerTest, FindsAPhaseChange) {
 }
 
 TEST(HandoffTunerTest, OneNoisyProbeDoesNotSwitch) {
-  HandoffTuner tuner;
+  HandoffTuner tuner(NoSettling());
   int probes = 0;
   // Streaming is faster, but every other probe of the cached way happens
   // to be faster (a hiccup in the incumbent's collectives, say).
@@ -99,7 +108,7 @@ TEST(HandoffTunerTest, OneNoisyProbeDoesNotSwitch) {
 }
 
 TEST(HandoffTunerTest, NeedsTheMinimumGain) {
-  HandoffTuner tuner;
+  HandoffTuner tuner(NoSettling());
   // Cached only 5% faster: not worth a switch (min_gain 10%).
   RunCollectives(&tuner, 3000, [](Handoff way) {
     return way == Handoff::kCached ? 0.95e-10 : 1e-10;
@@ -108,7 +117,7 @@ TEST(HandoffTunerTest, NeedsTheMinimumGain) {
 }
 
 TEST(HandoffTunerTest, ComparesWithinASizeClass) {
-  HandoffTuner tuner;
+  HandoffTuner tuner(NoSettling());
   // Small collectives cost more per byte than large ones whichever the
   // way; the cached way is slower at every size.  Probes on the small
   // size must not be compared with the large size's times.
@@ -124,7 +133,7 @@ TEST(HandoffTunerTest, ComparesWithinASizeClass) {
 }
 
 TEST(HandoffTunerTest, AProbeWithNothingToCompareDoesNotCount) {
-  HandoffTunerSettings settings;
+  HandoffTunerSettings settings = NoSettling();
   settings.min_probe_gap = 1;  // every collective a probe
   settings.wins_to_switch = 1;
   HandoffTuner tuner(settings);
@@ -149,7 +158,7 @@ TEST(HandoffTunerTest, AProbeWithNothingToCompareDoesNotCount) {
 // The plane reports a collective when the next timed one starts, after
 // it asked for that one's way: reports one collective late.
 TEST(HandoffTunerTest, SwitchesWithReportsOneLate) {
-  HandoffTuner tuner;
+  HandoffTuner tuner(NoSettling());
   Handoff pending = tuner.incumbent();  // the first collective's way
   for (int i = 0; i < 200; ++i) {
     const Handoff next = tuner.Next();
@@ -164,7 +173,7 @@ TEST(HandoffTunerTest, SwitchesWithReportsOneLate) {
 // fast or slow outlier among them changes nothing.
 TEST(HandoffTunerTest, ComparesWithTheMedian) {
   for (const double outlier : {0.5e-10, 3e-10}) {
-    HandoffTuner tuner;
+    HandoffTuner tuner(NoSettling());
     int incumbent_calls = 0;
     for (int i = 0; i < 3000; ++i) {
       const Handoff way = tuner.Next();
@@ -184,7 +193,7 @@ TEST(HandoffTunerTest, ComparesWithTheMedian) {
 }
 
 TEST(HandoffTunerTest, ForgetsTheOldIncumbentsTimesOnASwitch) {
-  HandoffTunerSettings settings;
+  HandoffTunerSettings settings = NoSettling();
   settings.wins_to_switch = 1;
   HandoffTuner tuner(settings);
   for (int i = 0; i < 3; ++i) {
@@ -200,7 +209,7 @@ TEST(HandoffTunerTest, ForgetsTheOldIncumbentsTimesOnASwitch) {
 }
 
 TEST(HandoffTunerTest, OldTimesExpire) {
-  HandoffTunerSettings settings;
+  HandoffTunerSettings settings = NoSettling();
   settings.wins_to_switch = 1;
   settings.min_probe_gap = 1;
   settings.max_probe_gap = 4;
@@ -223,7 +232,7 @@ TEST(HandoffTunerTest, OldTimesExpire) {
 }
 
 TEST(HandoffTunerTest, RaisesBadGaps) {
-  HandoffTunerSettings settings;
+  HandoffTunerSettings settings = NoSettling();
   settings.min_probe_gap = 0;
   settings.max_probe_gap = -5;
   HandoffTuner tuner(settings);
@@ -231,9 +240,73 @@ TEST(HandoffTunerTest, RaisesBadGaps) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(tuner.Next(), Handoff::kCached);
   settings.min_probe_gap = 8;
   settings.max_probe_gap = 2;  // raised to 8
+  settings.settle = -3;        // raised to 0
   HandoffTuner fixed(settings);
   std::vector<Handoff> ways = RunCollectives(&fixed, 64, StreamingFast);
   EXPECT_EQ(Count(ways, Handoff::kCached), 8);
+}
+
+// As on the VM (RESULTS section 24): after a change to ordinary stores the
+// first collective is as slow as streaming, the second four times slower,
+// and from the third on they are twice as fast.
+class SettlingCost {
+ public:
+  double operator()(Handoff way) {
+    run_ = way == last_ ? run_ + 1 : 1;
+    last_ = way;
+    if (way == Handoff::kStreaming) return 1e-10;
+    return run_ == 1 ? 1e-10 : run_ == 2 ? 4e-10 : 0.5e-10;
+  }
+
+ private:
+  Handoff last_ = Handoff::kStreaming;
+  int run_ = 0;
+};
+
+TEST(HandoffTunerTest, ProbesAfterTheCachesSettle) {
+  HandoffTuner tuner;  // settle 2: probes of three collectives
+  SettlingCost cost;
+  std::vector<Handoff> ways;
+  for (int i = 0; i < 200 && tuner.switches() == 0; ++i) {
+    const Handoff way = tuner.Next();
+    ways.push_back(way);
+    tuner.Record(way, kBytes, cost(way) * kBytes);
+  }
+  EXPECT_EQ(tuner.incumbent(), Handoff::kCached);
+  // Three probes of three collectives each.
+  EXPECT_EQ(Count(ways, Handoff::kCached), 9);
+  // Single-collective probes see only the unsettled caches.
+  HandoffTuner hasty(NoSettling());
+  SettlingCost cost2;
+  for (int i = 0; i < 2000; ++i) {
+    const Handoff way = hasty.Next();
+    hasty.Record(way, kBytes, cost2(way) * kBytes);
+  }
+  EXPECT_EQ(hasty.switches(), 0);
+}
+
+TEST(HandoffTunerTest, TheIncumbentAfterAProbeSettlesToo) {
+  HandoffTunerSettings settings;
+  settings.wins_to_switch = 1;
+  HandoffTuner tuner(settings);
+  // Streaming settled at 1e-10 (the first two after the start not kept).
+  for (int i = 0; i < 5; ++i) {
+    tuner.Record(Handoff::kStreaming, kBytes, 1e-10 * kBytes);
+  }
+  // A probe of three cached that loses (only the third counts).
+  tuner.Record(Handoff::kCached, kBytes, 0.1e-10 * kBytes);
+  tuner.Record(Handoff::kCached, kBytes, 0.1e-10 * kBytes);
+  tuner.Record(Handoff::kCached, kBytes, 2e-10 * kBytes);
+  EXPECT_EQ(tuner.switches(), 0);
+  // Back on streaming: two slow ones while the caches settle, not kept, so
+  // the next probe still compares with 1e-10 and loses.
+  tuner.Record(Handoff::kStreaming, kBytes, 9e-10 * kBytes);
+  tuner.Record(Handoff::kStreaming, kBytes, 9e-10 * kBytes);
+  tuner.Record(Handoff::kStreaming, kBytes, 1e-10 * kBytes);
+  tuner.Record(Handoff::kCached, kBytes, 1e-10 * kBytes);
+  tuner.Record(Handoff::kCached, kBytes, 1e-10 * kBytes);
+  tuner.Record(Handoff::kCached, kBytes, 2e-10 * kBytes);
+  EXPECT_EQ(tuner.switches(), 0);
 }
 
 TEST(HandoffTunerTest, Names) {

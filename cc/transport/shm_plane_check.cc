@@ -241,10 +241,12 @@ void CheckHandoffs(ShmPlane* plane, Stream* stream, MPI_Comm comm) {
     CHECK_TRUE(plane->last_handoff() == way, "%s: the plane used %s",
                HandoffName(way), HandoffName(plane->last_handoff()));
   }
-  // Timed allreduces (32 KiB and more here) between untimed ones, a probe
-  // every other timed one, and every probe wins and switches.
+  // Timed allreduces (32 KiB and more here) between untimed ones, probes
+  // of two timed ones after every other, and every probe wins and
+  // switches.
   HandoffTunerSettings flipping;
   flipping.min_probe_gap = flipping.max_probe_gap = 2;
+  flipping.settle = 1;
   flipping.wins_to_switch = 1;
   flipping.min_gain = -1e9;
   flipping.min_bytes = 32 << 10;
