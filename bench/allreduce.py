@@ -536,12 +536,18 @@ def ms(entry):
           f"({entry['p10_ms']:.3f}-{entry['p90_ms']:.3f})")
 
 
-def excess_over_raw(r, key):
-  """Median over rounds of (ops median - faster raw median) in ms."""
+def _ops_and_faster_raw_by_round(r, key):
+  """Per round: the ops median and the faster raw variant's median (ms)."""
   ops_rounds = r[key]["median_ms_by_round"]
   raw_rounds = [min(values) for values in zip(
       *[r[k]["median_ms_by_round"] for k in ("raw", "raw_inplace") if k in r])]
-  return float(np.median([o - w for o, w in zip(ops_rounds, raw_rounds)]))
+  return zip(ops_rounds, raw_rounds)
+
+
+def excess_over_raw(r, key):
+  """Median over rounds of (ops median - faster raw median) in ms."""
+  return float(np.median(
+      [o - w for o, w in _ops_and_faster_raw_by_round(r, key)]))
 
 
 def ratio_to_raw(r, key):
@@ -550,10 +556,8 @@ def ratio_to_raw(r, key):
   Each round times raw and ops back to back, so a round's ratio sees one
   machine state; the pooled medians would mix states several times apart.
   """
-  ops_rounds = r[key]["median_ms_by_round"]
-  raw_rounds = [min(values) for values in zip(
-      *[r[k]["median_ms_by_round"] for k in ("raw", "raw_inplace") if k in r])]
-  return float(np.median([o / w for o, w in zip(ops_rounds, raw_rounds)]))
+  return float(np.median(
+      [o / w for o, w in _ops_and_faster_raw_by_round(r, key)]))
 
 
 def report(results, meta):

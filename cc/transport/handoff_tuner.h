@@ -19,12 +19,12 @@
 // waits in barriers, whose length depends on the other ranks and the
 // scheduler.  The tuner keeps an incumbent way and now and then picks the
 // other one for a few timed collectives in a row (a probe).  The caches
-// need a collective or two to settle after a change of way (bench/
-// RESULTS.md section 24: on the VM the second collective after a switch to
-// ordinary stores took four times as long as the third), so neither the
-// probe's first `settle` collectives nor the incumbent's first ones after
-// it are compared.  The probe's last collective's time per byte is
-// compared with the median of the latest three timed collectives of the
+// need a collective or two to settle after a change of way
+// (bench/RESULTS.md section 24: on the VM the second collective after a
+// switch to ordinary stores took four times as long as the third), so
+// neither the probe's first `settle` collectives nor the incumbent's first
+// ones after it are compared.  The probe's last collective's time per byte
+// is compared with the median of the latest three timed collectives of the
 // same power-of-two size class done the incumbent way.  The other way
 // takes over after `wins_to_switch` probes in a row that were faster by
 // `min_gain`.  A probe that loses doubles the gap to the next one, up to

@@ -430,7 +430,8 @@ Status ShmPlane::RunAllreduce(const AllreducePart* parts, int num_parts,
 Status ShmPlane::RunLargeAllreduce(const AllreducePart* parts, int64_t count,
                                    DataType dtype, ReduceOp op) {
   const int64_t esize = DataTypeSize(dtype);
-  const bool timed = count * esize >= timed_bytes_;
+  const int64_t bytes = count * esize;
+  const bool timed = bytes >= timed_bytes_;
   const Handoff way = timed ? next_timed_way_ : untimed_way_;
   const bool streaming = way == Handoff::kStreaming;
   // Rank 0 times this rank's copying and reducing, without the barriers'
@@ -507,7 +508,7 @@ Status ShmPlane::RunLargeAllreduce(const AllreducePart* parts, int64_t count,
   }
   if (timing) {
     last_timed_way_ = way;
-    last_bytes_ = count * esize;
+    last_bytes_ = bytes;
     last_seconds_ = std::chrono::duration<double>(working).count();
   }
   last_handoff_ = way;

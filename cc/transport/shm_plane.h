@@ -7,12 +7,13 @@
 // the host's slowest rank) can leave one behind; the next job's creator on
 // the host removes it (RemoveAbandonedShmSegments).
 //
-// The segment holds the barrier's words, the area of the
-// negotiation's rendezvous (host_rendezvous.h), the word through which rank
-// 0 publishes how large allreduces hand their lines over (below) and two
-// sets of one slot per rank.  A collective moves its data in rounds of at most a slot, and at
-// most kShmMaxRoundBytes, per rank, alternating the sets, so that a round's
-// writes never touch the set the previous round's readers may still read:
+// The segment holds the barrier's words, the area of the negotiation's
+// rendezvous (host_rendezvous.h), the word through which rank 0 publishes
+// how large allreduces hand their lines over (below) and two sets of one
+// slot per rank.  A collective moves its data in rounds of at most a slot,
+// and at most kShmMaxRoundBytes, per rank, alternating the sets, so that a
+// round's writes never touch the set the previous round's readers may still
+// read:
 //   * allreduce: every rank copies its chunk into its slot; barrier; rank r
 //     reduces the r-th part of every slot (in rank order, in cache-sized
 //     blocks; kMean divides each block right there) into its own slot;
@@ -36,7 +37,7 @@
 // word again before every rank has arrived at the next barrier, and which
 // allreduces are timed depends on their size only, so all ranks use the
 // same way for every allreduce.
-
+//
 // A barrier is a round of the HostRounds at the start of the segment
 // (peer_wait.h): the last rank to arrive wakes the others, who spin
 // briefly, then sleep (ranks may outnumber cores), calling the wait hook
