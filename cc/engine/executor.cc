@@ -161,6 +161,7 @@ Status Executor::Execute(const std::vector<const Response*>& responses,
                          const std::vector<TensorEntry*>& entries,
                          std::vector<Status>* entry_status) {
   entry_status->assign(entries.size(), Status::Ok());
+  handoff_ = nullptr;
   const Response& first = *responses[0];
   Bucket bucket;
   MPISTRATEGY_RETURN_IF_ERROR(BucketFor(first, entries, &bucket));
@@ -205,6 +206,10 @@ void Executor::Trace(const char* activity,
     if (entries.size() == 1) {
       args.Add("in_place",
                static_cast<int64_t>(entries[0]->input == entries[0]->output));
+    }
+    if (handoff_ != nullptr && activity != kTimelineMemcpyIn &&
+        activity != kTimelineMemcpyOut) {
+      args.Add("handoff", handoff_);
     }
   }
   if (!first.packed_dtypes.empty()) {
@@ -272,7 +277,10 @@ Status Executor::Allreduce(const Bucket& bucket,
     TensorEntry* e = entries[0];
     const int64_t count = NumElements(first.shapes[0]);
     if (count == 0) return Status::Ok();
-    return plane->Allreduce(e->input, e->output, count, dtype, op, stream);
+    MPISTRATEGY_RETURN_IF_ERROR(
+        plane->Allreduce(e->input, e->output, count, dtype, op, stream));
+    handoff_ = plane->last_allreduce_handoff();
+    return Status::Ok();
   }
   const int64_t element_size = DataTypeSize(dtype);
   int64_t total = 0;
@@ -300,6 +308,7 @@ Status Executor::Allreduce(const Bucket& bucket,
     const double t0 = timeline_ != nullptr ? timeline_->Now() : 0.0;
     MPISTRATEGY_RETURN_IF_ERROR(
         plane->AllreduceParts(parts_, dtype, op, stream));
+    handoff_ = plane->last_allreduce_handoff();
     if (timeline_ != nullptr) {
       Trace(TimelineCollectiveName(CollectiveType::kAllreduce), responses,
             entries, t0, timeline_->Now());
@@ -329,6 +338,7 @@ Status Executor::Allreduce(const Bucket& bucket,
   MPISTRATEGY_RETURN_IF_ERROR(plane->Allreduce(
       buffer, buffer, total, dtype, divide_on_copy_out ? ReduceOp::kSum : op,
       stream));
+  handoff_ = plane->last_allreduce_handoff();
   if (trace) t2 = timeline_->Now();
   offset = 0;
   for (size_t k = 0; k < responses.size(); ++k) {
@@ -403,6 +413,8 @@ Status Executor::AllreduceMixedPack(const Bucket& bucket,
     MPISTRATEGY_RETURN_IF_ERROR(bucket.device->plane->Allreduce(
         data, data, segment.elements, segment.dtype, response.reduce_op,
         bucket.stream));
+    // The timeline shows the last segment's.
+    handoff_ = bucket.device->plane->last_allreduce_handoff();
   }
   return Status::Ok();
 }

@@ -112,7 +112,8 @@ class Executor {
                      const std::vector<TensorEntry*>& entries);
   Status ForkStreams(Device* device, const std::shared_ptr<Stream>& stream);
   // Records `activity` from `start` to `end` on the row of every entry, with
-  // the bucket's size in the args.  Requires timeline_ != nullptr.
+  // the bucket's size (and the collective's handoff_) in the args.  Requires
+  // timeline_ != nullptr.
   void Trace(const char* activity,
              const std::vector<const Response*>& responses,
              const std::vector<TensorEntry*>& entries, double start,
@@ -156,6 +157,9 @@ class Executor {
   std::vector<int64_t> counts2_;
   std::vector<std::shared_ptr<Stream>> streams_;
   std::vector<AllreducePart> parts_;
+  // The plane's last_allreduce_handoff() after this Execute's allreduce
+  // (null before it, or where the plane has none), for the timeline.
+  const char* handoff_ = nullptr;
 };
 
 }  // namespace mpistrategy

@@ -14,7 +14,11 @@
 //   MEMCPY_OUT_FUSION_BUFFER  fused allreduces through a fusion buffer
 //
 // (The shared-memory data plane gathers a fused bucket's tensors itself:
-// its fused allreduces have no MEMCPY spans.)
+// its fused allreduces have no MEMCPY spans.)  The collective spans' args
+// give the bucket's tensors, dtype and device; an allreduce's also its
+// bytes, whether a lone tensor was reduced in place, and, where the plane
+// chose it as it ran, how it handed the data to the other ranks' cores
+// ("handoff": "cached" or "streaming" stores, handoff_tuner.h).
 //
 // plus "i" (instant) REQUEST events on the coordinator: when each rank's
 // request for the name arrived in a slow cycle.  Complete events (not B/E

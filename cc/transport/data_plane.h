@@ -65,6 +65,11 @@ class DataPlane {
     return Status::Internal(std::string(name()) +
                             " data plane cannot reduce unpacked parts");
   }
+  // For the timeline: how the last Allreduce or AllreduceParts handed its
+  // data to the other ranks' cores, where the plane chooses that as it
+  // runs ("cached" or "streaming" stores: handoff_tuner.h); null where the
+  // plane has no such choice or that call did not make it.
+  virtual const char* last_allreduce_handoff() const { return nullptr; }
   // Concatenates every rank's bytes in rank order into `out`;
   // bytes_per_rank[r] is rank r's contribution.
   virtual Status Allgatherv(const void* in, void* out,

@@ -388,6 +388,7 @@ Status ShmPlane::AllreduceParts(const std::vector<AllreducePart>& parts,
 
 Status ShmPlane::RunAllreduce(const AllreducePart* parts, int num_parts,
                              DataType dtype, ReduceOp op) {
+  last_was_large_ = false;
   MPISTRATEGY_RETURN_IF_ERROR(CheckMean(dtype, op));
   const int64_t esize = DataTypeSize(dtype);
   starts_.assign(1, 0);
@@ -512,6 +513,7 @@ Status ShmPlane::RunLargeAllreduce(const AllreducePart* parts, int64_t count,
     last_seconds_ = std::chrono::duration<double>(working).count();
   }
   last_handoff_ = way;
+  last_was_large_ = true;
   return Status::Ok();
 }
 

@@ -134,6 +134,11 @@ class ShmPlane : public DataPlane {
   void SetHandoffTuning(const HandoffTunerSettings& settings);
   // How the last large allreduce wrote its slot (tests).
   Handoff last_handoff() const { return last_handoff_; }
+  // HandoffName(last_handoff()) when the last allreduce was a large one,
+  // else null (small ones write their slots with ordinary stores).
+  const char* last_allreduce_handoff() const override {
+    return last_was_large_ ? HandoffName(last_handoff_) : nullptr;
+  }
 
   // Every method needs a host-synchronous stream (Internal error otherwise).
   // kMean on a non-floating dtype is InvalidArgument on every rank, before
@@ -211,6 +216,7 @@ class ShmPlane : public DataPlane {
   Handoff next_timed_way_ = Handoff::kStreaming;
   Handoff untimed_way_ = Handoff::kStreaming;
   Handoff last_handoff_ = Handoff::kStreaming;
+  bool last_was_large_ = false;
   // Rank 0 only: picks the ways from the time of its last timed allreduce
   // (reported when the next timed one starts).
   std::unique_ptr<HandoffTuner> tuner_;

@@ -37,11 +37,15 @@ COLLECTIVES = dict(
     [(f"tl/grouped.{i}", "ALLREDUCE") for i in range(GROUP)] + [
         ("tl/packed", "ALLREDUCE"),
         ("tl/allreduce", "ALLREDUCE"),
+        ("tl/large", "ALLREDUCE"),
         ("tl/allgather", "ALLGATHER"),
         ("tl/broadcast", "BROADCAST"),
         ("tl/barrier", "BARRIER"),
     ])
 FUSED = [f"tl/grouped.{i}" for i in range(GROUP)]
+# int64: no other allreduce here has that dtype, so it is never fused.  Above
+# the shared-memory plane's 16 KB small-allreduce path.
+LARGE_ELEMENTS = 128 << 10
 _PATH_BYTES = 4096
 
 
@@ -86,7 +90,7 @@ def _run_with_timeline(timeline, iterations, data_plane):
     assert mpistrategy.current_options().timeline == timeline
 
     @tf.function
-    def step(xs, y, g, b):
+    def step(xs, y, g, b, large):
       # pack=False: one engine entry per tensor, fused by the engine (on
       # the MPI plane through the fusion buffer, which the
       # MEMCPY_*_FUSION_BUFFER spans show).  grouped_allreduce packs
@@ -97,17 +101,19 @@ def _run_with_timeline(timeline, iterations, data_plane):
       packed = ops.grouped_allreduce([tf.cast(x, tf.int32) for x in xs],
                                      name="tl/packed")
       summed = ops.allreduce(y, name="tl/allreduce")
+      large = ops.allreduce(large, name="tl/large")
       gathered = ops.allgather(g, name="tl/allgather")
       root = ops.broadcast(b, root_rank=0, name="tl/broadcast")
       ops.barrier(name="tl/barrier")
-      return fused + packed, summed, gathered, root
+      return fused + packed, summed, gathered, root, large
 
     xs = [tf.fill([16 + i], float(RANK + 1)) for i in range(GROUP)]
     y = tf.constant([RANK + 1.0], tf.float64)  # float64: never fused with xs
     g = tf.fill([RANK + 1, 2], RANK)
     b = tf.fill([3], float(RANK))
+    large = tf.fill([LARGE_ELEMENTS], tf.constant(RANK + 1, tf.int64))
     for _ in range(iterations):
-      fused, summed, gathered, root = step(xs, y, g, b)
+      fused, summed, gathered, root, large_sum = step(xs, y, g, b, large)
       assert len(fused) == 2 * GROUP
       for i, t in enumerate(fused):
         np.testing.assert_array_equal(t.numpy(),
@@ -115,6 +121,8 @@ def _run_with_timeline(timeline, iterations, data_plane):
       assert summed.numpy().tolist() == [S]
       assert tuple(gathered.shape) == (SIZE * (SIZE + 1) // 2, 2)
       assert root.numpy().tolist() == [0.0] * 3
+      np.testing.assert_array_equal(large_sum.numpy(),
+                                    np.full([LARGE_ELEMENTS], S))
   finally:
     # Shutting down flushes and closes the file.
     mpistrategy.shutdown()
@@ -176,6 +184,15 @@ def _check_rows(events, iterations, data_plane):
   for name in FUSED:
     bucket = [e for e in rows[name] if e["name"] == "ALLREDUCE"]
     assert all(e["args"]["bucket_tensors"] >= GROUP for e in bucket), bucket
+  # Only the shared-memory plane's allreduces above 16 KB say with which
+  # stores they handed their data over (its tuner's choice).
+  for name, collective in COLLECTIVES.items():
+    handoffs = [e["args"].get("handoff") for e in rows[name]
+                if e["name"] == collective]
+    if name == "tl/large" and data_plane == "shm":
+      assert handoffs and set(handoffs) <= {"cached", "streaming"}, handoffs
+    else:
+      assert handoffs == [None] * len(handoffs), (name, handoffs)
   # The packed buffer: tensors of 16..19 int32s, each starting at a
   # multiple of 16 elements (64 bytes): offsets 0, 16, 48, 80; 99 in all.
   packed = [e for e in rows["tl/packed"] if e["name"] == "NEGOTIATE"]
