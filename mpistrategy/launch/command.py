@@ -303,13 +303,29 @@ def _num_proc(args, hosts):
                    "-H host1:SLOTS,... to run as many ranks as slots")
 
 
+def _is_compiled_program(path):
+  """Whether `path` is an ELF executable (a `python` binary, say)."""
+  try:
+    with open(path, "rb") as f:
+      return f.read(4) == b"\x7fELF"
+  except OSError:
+    return False
+
+
 def _program(args, environ, executable):
-  """The rank command: `python script args`, or a PATH program as given."""
+  """The rank command: `python script args`, or a program as given.
+
+  A program is one on PATH (`python train.py`) or a compiled one given by
+  its path (`.venv/bin/python train.py`, as `horovodrun` users write it);
+  any other file is a script for the launcher's interpreter.
+  """
   if not args.command:
     raise ValueError("no script given; usage: python -m mpistrategy.run "
                      "-np N script.py [args ...]")
   first = args.command[0]
   if os.path.isfile(first):
+    if _is_compiled_program(first):
+      return list(args.command)
     return [executable, *args.command]
   if os.sep not in first and shutil.which(first, path=environ.get("PATH")):
     return list(args.command)

@@ -251,6 +251,17 @@ def test_program_on_path_is_run_as_given(script):
                                "true"]).argv
 
 
+def test_compiled_program_given_by_path_is_run_as_given(script):
+  # `horovodrun -np 2 /venv/bin/python train.py` users write the
+  # interpreter's path; it must not become the script of another python.
+  command = _build(["-np", "2", "--verbose", sys.executable, script])
+  assert command.argv[-2:] == [sys.executable, script]
+  assert PYTHON not in command.argv
+  # A script (not compiled) still runs with the launcher's interpreter.
+  assert _build(["-np", "2", "--verbose", script]).argv[-2:] == [PYTHON,
+                                                                  script]
+
+
 def test_checkout_goes_on_pythonpath_for_the_ranks(monkeypatch, script):
   # The launcher's mpistrategy comes from a checkout outside site-packages.
   monkeypatch.setattr(launch_command, "_package_parent", lambda: ROOT)
