@@ -76,10 +76,12 @@ import contextlib
 import copy
 import ctypes
 import errno
+import fcntl
 import glob
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -90,7 +92,10 @@ import tensorflow as tf
 
 from mpistrategy import _tf_private as _tfp
 
-_STATE = {"rank": 0, "size": 1, "scratch": None}
+_STATE = {"rank": 0, "size": 1, "scratch": None, "scratch_lock": None,
+          "scratch_atexit": False}
+_SCRATCH_PREFIX = "mpistrategy-rank"
+_OWNER_FILE = ".owner"
 # Per thread: nesting depth of patched writes (only the outermost one
 # redirects or makes the write atomic), and whether reads are local.
 _LOCAL = threading.local()
@@ -107,11 +112,96 @@ def _is_chief():
 
 
 def _scratch_root():
+  """This process' scratch directory, made (and older ones swept) on first use.
+
+  `$TMPDIR/mpistrategy-rank<r>-*/` holds ranks > 0's copies of what they
+  save and rank 0's staged h5 writes.  It is removed at exit and before an
+  uncaught exception ends the job (`remove_scratch`).  A rank killed
+  outright leaves it behind, so the first rank on this host that makes a
+  scratch directory later removes those whose process is gone.
+
+  Returns:
+    The directory's path.
+  """
   if _STATE["scratch"] is None:
-    root = tempfile.mkdtemp(prefix="mpistrategy-rank%d-" % _STATE["rank"])
-    atexit.register(shutil.rmtree, root, True)
+    _remove_abandoned_scratch(tempfile.gettempdir())
+    root = tempfile.mkdtemp(prefix="%s%d-" % (_SCRATCH_PREFIX, _STATE["rank"]))
+    _STATE["scratch_lock"] = _hold_owner_lock(root)
     _STATE["scratch"] = root
+    if not _STATE["scratch_atexit"]:
+      atexit.register(remove_scratch)
+      _STATE["scratch_atexit"] = True
   return _STATE["scratch"]
+
+
+def remove_scratch():
+  """Removes this process' scratch directory, if it made one.
+
+  Called at exit, and by the runtime before an uncaught exception ends the
+  job (MPI_Abort skips `atexit`).
+  """
+  root, lock = _STATE["scratch"], _STATE["scratch_lock"]
+  _STATE["scratch"], _STATE["scratch_lock"] = None, None
+  if root is not None:
+    shutil.rmtree(root, ignore_errors=True)
+  if lock is not None:
+    os.close(lock)
+
+
+def _hold_owner_lock(root):
+  """Locks `root`'s owner file for as long as this process lives.
+
+  The kernel drops the lock when the process dies however it dies, which is
+  how `_remove_abandoned_scratch` tells an abandoned directory from a live
+  one.  The file gets its final name only once locked, so a directory whose
+  owner file exists but is not locked is never one still being set up.
+
+  Args:
+    root: the new scratch directory.
+
+  Returns:
+    The open, locked file descriptor (closed by `remove_scratch`).
+  """
+  fd, locking = tempfile.mkstemp(dir=root, prefix=".owner-")
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(locking, os.path.join(root, _OWNER_FILE))
+  except BaseException:
+    os.close(fd)
+    raise
+  return fd
+
+
+def _remove_abandoned_scratch(directory):
+  """Removes scratch directories in `directory` whose process is gone.
+
+  Only this user's directories with an owner file that nobody holds
+  locked: those of older versions (no owner file) and of live processes
+  stay.
+
+  Args:
+    directory: where scratch directories are made (`tempfile.gettempdir()`).
+  """
+  uid = os.getuid()
+  for path in glob.glob(os.path.join(glob.escape(directory),
+                                     _SCRATCH_PREFIX + "*")):
+    try:
+      info = os.lstat(path)
+      if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid:
+        continue
+      fd = os.open(os.path.join(path, _OWNER_FILE),
+                   os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+      continue
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+      os.close(fd)  # its process still runs
+      continue
+    try:
+      shutil.rmtree(path, ignore_errors=True)
+    finally:
+      os.close(fd)
 
 
 def mirror_path(path):
@@ -197,6 +287,53 @@ def _mirror_for_write(path):
   mirrored = mirror_path(path)
   tf.io.gfile.makedirs(os.path.dirname(mirrored))
   return mirrored
+
+
+@contextlib.contextmanager
+def _naming_user_path(path, written):
+  """Makes an error of a write of `written` for the user's `path` name `path`.
+
+  Ranks > 0 write a scratch mirror and rank 0 a temporary sibling or a
+  staged copy; an error naming those (Keras' "Invalid filepath extension",
+  a missing directory) would point the user at a file they never named.
+
+  Args:
+    path: the path the user gave.
+    written: the path this rank actually writes.
+
+  Yields:
+    Nothing; an exception raised inside is edited in place and re-raised.
+  """
+  try:
+    yield
+  except Exception as error:  # pylint: disable=broad-except
+    _rename_in_error(error, os.fspath(written), os.fspath(path))
+    raise
+
+
+def _rename_in_error(error, written, path):
+  """Replaces `written` (and this rank's scratch prefix) in `error`'s text."""
+  root = _STATE["scratch"]
+
+  def fix(value):
+    if not isinstance(value, str) or written == path:
+      return value
+    value = value.replace(written, path)
+    if root is not None and not _is_chief():
+      # A mirror is <root>/<absolute path>: derived names (its directory,
+      # a suffixed file) read as the user's absolute path.
+      value = value.replace(root + os.sep, os.sep)
+    return value
+
+  try:
+    error.args = tuple(fix(a) for a in error.args)
+    if isinstance(error, OSError):
+      error.filename, error.filename2 = (fix(error.filename),
+                                         fix(error.filename2))
+    if isinstance(error, tf.errors.OpError):
+      error._message = fix(error._message)  # pylint: disable=protected-access
+  except (AttributeError, TypeError):
+    pass  # an exception type whose text cannot be edited keeps it
 
 
 # ------------------------------------------------------ atomic writes
@@ -383,7 +520,7 @@ def _write_atomically(path, write, stage=False):
   target = tmp if staged is None else os.path.join(staged,
                                                    os.path.basename(path))
   try:
-    with _late_errors() as late:
+    with _late_errors() as late, _naming_user_path(path, target):
       result = write(target)
     if late:
       error = _as_os_error(late[0])
@@ -429,7 +566,9 @@ def _write_for_user(path, write, atomic=True, stage=False):
     if not outermost:
       return write(path)
     if not _is_chief():
-      return write(_mirror_for_write(path))
+      mirrored = _mirror_for_write(path)
+      with _naming_user_path(path, mirrored):
+        return write(mirrored)
     parent = os.path.dirname(os.path.abspath(os.fspath(path)))
     if not atomic or not _is_local(path) or not os.path.isdir(parent):
       return write(path)  # nothing to protect, or not a local file system
@@ -450,7 +589,8 @@ def _write_tf_checkpoint_atomically(orig_write, ckpt, prefix, options):
     callbacks = options.experimental_write_callbacks
     options.experimental_write_callbacks = None
   try:
-    orig_write(ckpt, tmp, options)
+    with _naming_user_path(prefix, tmp):
+      orig_write(ckpt, tmp, options)
     produced = sorted(glob.glob(glob.escape(tmp) + ".*"))
     for f in produced:
       _sync_tree(f)
@@ -654,7 +794,11 @@ def patch_tf_checkpoint():
       local = _mirror_path_tensor(file_prefix)
     else:
       local = _mirror_for_write(file_prefix)
-    written = orig_write(self, local, options)
+    if isinstance(local, tf.Tensor):
+      written = orig_write(self, local, options)
+    else:
+      with _naming_user_path(file_prefix, local):
+        written = orig_write(self, local, options)
     if isinstance(written, tf.Tensor):  # written inside a tf.function
       with tf.control_dependencies([written]):
         return tf.identity(tf.convert_to_tensor(file_prefix, tf.string))

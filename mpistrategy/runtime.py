@@ -26,6 +26,7 @@ import tensorflow as tf
 from mpistrategy import _library
 from mpistrategy import _output
 from mpistrategy import _tf_threads
+from mpistrategy import checkpoint
 from mpistrategy import options as options_lib
 from mpistrategy.options import Options
 
@@ -328,6 +329,7 @@ def _abort_on_exception(exc_type, exc, tb):
   sys.stderr.flush()
   if lib is None:
     return
+  checkpoint.remove_scratch()  # MPI_Abort below skips atexit
   if (isinstance(exc, tf.errors.UnavailableError) and
       "peer_timeout_seconds" in str(exc)):
     # A peer timeout: the engine itself ends the job a moment later, after

@@ -16,6 +16,10 @@ Runs tests/launcher/scripts/checkpoint_job.py under mpirun.
   so the job must end within seconds (far below the 120 s read timeout)
   with rank 0's FailedPreconditionError saying what to do and the others'
   errors naming rank 0's checkpoint read, instead of hanging.
+* Scratch directories (`$TMPDIR/mpistrategy-rank<r>-*`, where ranks > 0
+  write their copies): gone after a job whose rank raised (MPI_Abort skips
+  atexit), and those a SIGKILL left behind are removed by the next job
+  that saves on the same host.
 * The same habit on `mpistrategy.horovod` alone (no MPIStrategy, so reads
   are local as in Horovod): rank 0 restores, `hvd.broadcast_variables`
   gives every rank the restored weights.
@@ -132,7 +136,7 @@ print(h.hexdigest()[:16])
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("api", ["checkpoint", "load_weights", "manager"])
 def test_restore_on_rank_0_only_fails_instead_of_hanging(launch, api):
-  work = tempfile.mkdtemp(prefix="mpistrategy-rank0-restore-")
+  work = tempfile.mkdtemp(prefix="mpistrategy-restore-")
   what = {"checkpoint": "tf.train.Checkpoint.read/restore",
           "load_weights": "Model.load_weights",
           "manager": "tf.train.CheckpointManager.restore_or_initialize"}[api]
@@ -172,3 +176,52 @@ def test_horovod_layer_rank_0_restore_then_broadcast_works(launch, np_):
     job.assert_no_leftovers()
   finally:
     subprocess.run(["rm", "-rf", work], check=False)
+
+
+def _scratch_dirs(tmp):
+  return sorted(d for d in os.listdir(tmp) if d.startswith("mpistrategy-rank"))
+
+
+def _scratch_job(launch, tmp, then, np_=2):
+  work = os.path.join(tmp, "work")
+  os.makedirs(work, exist_ok=True)
+  return launch("checkpoint_job.py", np=np_, timeout=200,
+                env={"TMPDIR": tmp},
+                args=["--mode", "scratch", "--dir", work, "--then", then])
+
+
+@pytest.mark.timeout(300)
+def test_scratch_directories_are_removed_when_a_rank_raises(launch):
+  tmp = tempfile.mkdtemp(prefix="mpistrategy-test-tmp-")
+  try:
+    job = _scratch_job(launch, tmp, "raise")
+    assert job.returncode != 0 and not job.timed_out, job.describe()
+    assert "raised after saving" in job.rank_text(1), job.describe()
+    used = [os.path.basename(job.event("SCRATCH", r).text) for r in range(2)]
+    assert all(u.startswith("mpistrategy-rank") for u in used), used
+    job.assert_no_leftovers()
+    assert _scratch_dirs(tmp) == [], job.describe()
+  finally:
+    subprocess.run(["rm", "-rf", tmp], check=False)
+
+
+@pytest.mark.timeout(400)
+def test_scratch_directories_a_kill_left_are_removed_by_the_next_job(launch):
+  tmp = tempfile.mkdtemp(prefix="mpistrategy-test-tmp-")
+  try:
+    killed = _scratch_job(launch, tmp, "kill")
+    assert killed.returncode != 0 and not killed.timed_out, killed.describe()
+    killed.assert_no_leftovers()
+    left = _scratch_dirs(tmp)
+    # The killed rank cannot clean up; mpirun ends the others by signal.
+    assert os.path.basename(killed.event("SCRATCH", 1).text) in left, (
+        left, killed.describe())
+    # An older version's directory (no owner file) is not ours to judge.
+    legacy = os.path.join(tmp, "mpistrategy-rank5-legacy")
+    os.makedirs(legacy)
+    job = _scratch_job(launch, tmp, "exit")
+    assert job.returncode == 0, job.describe()
+    assert len(job.events("FINISHED")) == 2, job.describe()
+    assert _scratch_dirs(tmp) == ["mpistrategy-rank5-legacy"], job.describe()
+  finally:
+    subprocess.run(["rm", "-rf", tmp], check=False)

@@ -116,6 +116,41 @@ def test_model_save_and_save_weights_on_every_rank(strategy, workdir):
   ops.barrier()
 
 
+@pytest.mark.timeout(300)
+def test_errors_of_a_save_name_the_users_path(strategy, workdir):
+  # Rank 0 stages h5 writes and writes next to the path, ranks > 0 write a
+  # scratch mirror: Keras' checks of the path must still quote the user's.
+  m = _model(strategy)
+  cases = [(m.save, os.path.join(workdir, "model_dir"), "Invalid filepath"),
+           (m.save_weights, os.path.join(workdir, "x.weights"),
+            ".weights.h5"),
+           (m.save, "relative_dir", "Invalid filepath")]
+  for save, path, what in cases:
+    with pytest.raises(ValueError, match=what) as raised:
+      save(path)
+    text = str(raised.value)
+    assert f"Received: filepath={path}" in text, text
+    assert "mpistrategy-rank" not in text and "stage-" not in text, text
+  # Rank 0 writes a checkpoint under a temporary prefix; where that fails
+  # (a file where the directory should be), the error names the user's.
+  a_file = os.path.join(workdir, "a_file")
+  if R == 0:
+    open(a_file, "w").close()
+  ops.barrier()
+  prefix = os.path.join(a_file, "ckpt")
+  if R == 0:
+    with pytest.raises(tf.errors.OpError) as raised:
+      tf.train.Checkpoint(model=m).write(prefix)
+    text = str(raised.value)
+    assert "a_file" in text and _TMP_TAG not in text, text
+  else:  # ranks > 0 write their scratch mirror, which has a directory there
+    tf.train.Checkpoint(model=m).write(prefix)
+  ops.barrier()
+
+
+_TMP_TAG = ".mpistrategy-tmp-"
+
+
 class _Interrupt(Exception):
   pass
 

@@ -24,7 +24,16 @@
                        hvd.broadcast_variables on every rank: every rank must
                        end with the saved weights.
 
-Events: INIT, WRITTEN, ERROR, CHECK, RESTORING, RESTORED, FINISHED.
+--mode scratch DIR --then T
+                       every rank saves DIR (.keras, h5 weights, a
+                       tf.train.Checkpoint: ranks > 0 into their scratch
+                       directory, rank 0 staging its h5 files there) and
+                       names its scratch directory (SCRATCH event); then the
+                       last rank exits normally (T=exit), raises (T=raise)
+                       or kills itself with SIGKILL (T=kill).  Run with a
+                       private TMPDIR.
+
+Events: INIT, WRITTEN, ERROR, CHECK, RESTORING, RESTORED, SCRATCH, FINISHED.
 """
 
 import glob
@@ -37,12 +46,14 @@ import _rankio as io
 
 p = io.parser(__doc__)
 p.add_argument("--mode", choices=["enospc", "enospc-uncaught",
-                                  "rank0-restore", "hvd-rank0-restore"],
+                                  "rank0-restore", "hvd-rank0-restore",
+                                  "scratch"],
                required=True)
 p.add_argument("--dir", required=True)
 p.add_argument("--kinds", default="save_weights,save,model_checkpoint,export,"
                "checkpoint_save,checkpoint_write,manager,backup_and_restore")
 p.add_argument("--api", default="checkpoint")
+p.add_argument("--then", choices=["exit", "raise", "kill"], default="exit")
 args = p.parse_args()
 
 import numpy as np  # pylint: disable=wrong-import-position
@@ -265,8 +276,27 @@ def hvd_rank0_restore():
   io.emit("FINISHED")
 
 
+def scratch(then):
+  from mpistrategy import checkpoint  # pylint: disable=g-import-not-at-top
+  model = build()
+  model.save(os.path.join(args.dir, "m.keras"))
+  model.save_weights(os.path.join(args.dir, "m.weights.h5"))
+  tf.train.Checkpoint(model=model).write(os.path.join(args.dir, "ckpt"))
+  io.emit("SCRATCH", checkpoint._STATE["scratch"])  # pylint: disable=protected-access
+  ops.barrier()
+  if rank == size - 1:
+    if then == "raise":
+      raise RuntimeError("raised after saving")
+    if then == "kill":
+      os.kill(os.getpid(), 9)
+  ops.barrier()
+  io.emit("FINISHED")
+
+
 if args.mode == "enospc":
   enospc(args.kinds.split(","))
+elif args.mode == "scratch":
+  scratch(args.then)
 elif args.mode == "enospc-uncaught":
   enospc_uncaught()
 elif args.mode == "rank0-restore":

@@ -1,0 +1,104 @@
+"""The checkpoint module's scratch directories and error texts, one process.
+
+Ranks > 0 write their copies of what they save into
+`$TMPDIR/mpistrategy-rank<r>-*/`; a process killed outright cannot remove
+its own, so the next one sweeps those whose owner lock nobody holds.
+tests/launcher/test_checkpoint_job.py checks the same with whole jobs.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import tensorflow as tf
+
+from mpistrategy import checkpoint
+
+_OWNER = ".owner"
+
+
+def _child(code, tmp):
+  """Starts `code` in a fresh interpreter with TMPDIR=`tmp`; waits for READY."""
+  proc = subprocess.Popen(
+      [sys.executable, "-c", textwrap.dedent(code)],
+      env=dict(os.environ, TMPDIR=tmp, TF_CPP_MIN_LOG_LEVEL="3"),
+      stdout=subprocess.PIPE, text=True)
+  line = proc.stdout.readline().split()
+  assert line and line[0] == "READY", line
+  return proc, line[1]
+
+
+_MAKE_SCRATCH = """
+    import os, sys, time
+    from mpistrategy import checkpoint
+    checkpoint.set_world(1, 2)
+    root = checkpoint.mirror_path("/x/y")[:-len("/x/y")]
+    print("READY", root, flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_sweep_removes_only_directories_whose_owner_is_gone(tmp_path):
+  tmp = str(tmp_path)
+  live, live_root = _child(_MAKE_SCRATCH, tmp)
+  dead, dead_root = _child(_MAKE_SCRATCH, tmp)
+  try:
+    open(os.path.join(dead_root, "left.keras"), "w").close()
+    dead.send_signal(signal.SIGKILL)
+    dead.wait(30)
+    legacy = tmp_path / "mpistrategy-rank3-legacy"  # no owner file
+    legacy.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("x")
+    link = tmp_path / "mpistrategy-rank4-link"
+    link.symlink_to(outside)
+    assert os.path.isdir(dead_root) and os.path.exists(
+        os.path.join(live_root, _OWNER))
+
+    checkpoint._remove_abandoned_scratch(tmp)  # pylint: disable=protected-access
+
+    assert not os.path.exists(dead_root)
+    assert os.path.isdir(live_root)
+    assert legacy.is_dir() and (outside / "keep").exists() and link.is_symlink()
+  finally:
+    live.kill()
+    dead.kill()
+    live.wait(30)
+
+
+@pytest.mark.timeout(120)
+def test_a_normal_exit_removes_the_scratch_directory(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "-c", textwrap.dedent("""
+          from mpistrategy import checkpoint
+          checkpoint.set_world(1, 2)
+          print(checkpoint.mirror_path("/x/y"))
+      """)],
+      env=dict(os.environ, TMPDIR=str(tmp_path), TF_CPP_MIN_LOG_LEVEL="3"),
+      capture_output=True, text=True, timeout=100, check=True)
+  assert str(tmp_path) in proc.stdout
+  assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("error", [
+    ValueError("Received: filepath=/s/mpistrategy-rank1-ab/data/m"),
+    OSError(2, "No such file", "/s/mpistrategy-rank1-ab/data/m"),
+    tf.errors.NotFoundError(None, None,
+                            "open /s/mpistrategy-rank1-ab/data/m failed"),
+], ids=["ValueError", "OSError", "OpError"])
+def test_errors_name_the_users_path(error, monkeypatch):
+  monkeypatch.setitem(checkpoint._STATE, "rank", 1)  # pylint: disable=protected-access
+  monkeypatch.setitem(checkpoint._STATE, "scratch", "/s/mpistrategy-rank1-ab")  # pylint: disable=protected-access
+  with pytest.raises(type(error)) as raised:
+    with checkpoint._naming_user_path("m", "/s/mpistrategy-rank1-ab/data/m"):  # pylint: disable=protected-access
+      raise error
+  assert raised.value is error
+  assert "mpistrategy-rank1" not in str(error), str(error)
+  assert "m" in str(error)
+  if isinstance(error, OSError):
+    assert error.filename == "m" and error.errno == 2
