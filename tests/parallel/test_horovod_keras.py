@@ -158,11 +158,35 @@ def test_learning_rate_warmup_callback():
   initial, warmup, steps = 0.4 * SIZE, 2, 4
   rates = _fit_recording(hvd.callbacks.LearningRateWarmupCallback(
       initial_lr=initial, warmup_epochs=warmup))
+  # Horovod counts the batch as done: e = epoch + (batch + 1) / steps, so the
+  # warmup's last batch and everything after it train with `initial`.
   want = []
   for epoch in range(3):
     for batch in range(steps):
-      e = min(epoch + batch / steps, warmup - 1 / steps)
+      e = min(epoch + (batch + 1) / steps, warmup)
       want.append(initial / SIZE * (e * (SIZE - 1) / warmup + 1))
+  np.testing.assert_allclose(rates, want, rtol=1e-6)
+  assert rates[warmup * steps - 1] == pytest.approx(initial)
+
+
+def test_learning_rate_warmup_prints_on_rank_0_only(capsys):
+  _fit_recording(hvd.callbacks.LearningRateWarmupCallback(
+      initial_lr=0.4, warmup_epochs=1, verbose=1), epochs=1)
+  printed = "finished gradual learning rate warmup" in capsys.readouterr().out
+  assert printed == (RANK == 0)
+
+
+@pytest.mark.parametrize("staircase", [True, False])
+def test_constant_multiplier_decays_from_start_epoch(staircase):
+  # Horovod >= 0.23: a constant m means initial_lr * m ** (epoch - start).
+  rates = _fit_recording(hvd.callbacks.LearningRateScheduleCallback(
+      initial_lr=0.5, multiplier=0.5, start_epoch=1, end_epoch=3,
+      staircase=staircase))
+  if staircase:
+    want = [1.0] * 4 + [0.5] * 4 + [0.25] * 4
+  else:
+    want = [1.0] * 4 + [0.5 * 0.5 ** (e + b / 4 - 1)
+                        for e in (1, 2) for b in range(4)]
   np.testing.assert_allclose(rates, want, rtol=1e-6)
 
 

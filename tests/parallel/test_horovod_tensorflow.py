@@ -191,8 +191,13 @@ def test_allreduce_refuses_adasum_process_sets_devices():
   x = tf.constant([1.0])
   with pytest.raises(NotImplementedError, match="Adasum"):
     hvd.allreduce(x, op=hvd.Adasum)
-  with pytest.raises(NotImplementedError, match="process set"):
+  with pytest.raises(NotImplementedError, match="process set") as raised:
     hvd.allreduce(x, process_set=hvd.ProcessSet([0]) if SIZE > 1 else "x")
+  if SIZE > 1:  # the message shows the set's ranks, not the global set's
+    assert "ranks=[0]" in str(raised.value), str(raised.value)
+    assert hvd.ProcessSet([0]).process_set_id is None
+  assert repr(hvd.global_process_set) == (
+      "ProcessSet(process_set_id=0, ranks=all)")
   with pytest.raises(NotImplementedError, match="device_dense"):
     hvd.allreduce(x, device_dense="/gpu:0")
   with pytest.raises(ValueError, match="bool"):
@@ -367,6 +372,13 @@ def test_unsupported_features_raise():
   with pytest.raises(NotImplementedError, match="TF1 optimizers"):
     hvd.DistributedOptimizer(
         tf.compat.v1.train.GradientDescentOptimizer(0.1))
+
+
+def test_data_service_import_says_it_is_not_provided():
+  # Horovod's data-service examples import horovod.tensorflow.data.*: the
+  # migrated import must fail naming the feature, not ModuleNotFoundError.
+  with pytest.raises(NotImplementedError, match="tf.data service"):
+    import mpistrategy.horovod.tensorflow.data.compute_service  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
 
 
 # --- DistributedGradientTape --------------------------------------------------

@@ -69,7 +69,10 @@ class ProcessSet:
 
   def __init__(self, ranks=None):
     self._ranks = None if ranks is None else sorted(ranks)
-    self.process_set_id = 0
+    # Horovod numbers a set when it is registered; only the global set
+    # (id 0) ever is here.  The size is unknown before init(), so a subset
+    # raises when it is used, not here.
+    self.process_set_id = 0 if ranks is None else None
 
   def _check(self):
     if self._ranks is not None and self._ranks != list(range(size())):
@@ -91,7 +94,8 @@ class ProcessSet:
     return True
 
   def __repr__(self):
-    return "ProcessSet(process_set_id=0, ranks=all)"
+    ranks = "all" if self._ranks is None else self._ranks
+    return f"ProcessSet(process_set_id={self.process_set_id}, ranks={ranks})"
 
 
 global_process_set = ProcessSet()

@@ -94,11 +94,14 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
   Active from `start_epoch` (inclusive) to `end_epoch` (exclusive).  With
   `staircase` the rate changes at epoch starts; otherwise at every batch,
-  with the fractional epoch `epoch + batch / steps_per_epoch`.
+  with the fractional epoch `epoch + batch / steps_per_epoch`.  A constant
+  `multiplier` m is exponential decay from `start_epoch`:
+  `initial_lr * m ** (epoch - start_epoch)`, as in Horovod since 0.23.
 
   Args:
     initial_lr: the base learning rate.
-    multiplier: a float, or a function of the (fractional) epoch.
+    multiplier: a float (see above), or a function of the (fractional)
+      epoch.
     start_epoch: first epoch (inclusive).
     end_epoch: last epoch (exclusive), None for no end.
     staircase: change once per epoch (True) or every batch.
@@ -125,9 +128,8 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     self.verbose = verbose
     self.current_epoch = None
     if not callable(multiplier):
-      constant = float(multiplier)
-      self.staircase = True
-      self.multiplier = lambda epoch: constant
+      base = float(multiplier)
+      self.multiplier = lambda epoch: base ** (epoch - start_epoch)
     else:
       self.multiplier = multiplier
 
@@ -183,8 +185,10 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
   """Ramps the learning rate from `initial_lr / size()` to `initial_lr`.
 
-  Over `warmup_epochs` (per batch): `lr = initial_lr / size * (epoch *
-  (size - 1) / warmup_epochs + 1)`, as in Goyal et al. and Horovod.
+  Over `warmup_epochs` (per batch): `lr = initial_lr / size * (e *
+  (size - 1) / warmup_epochs + 1)`, as in Goyal et al. and Horovod, where
+  `e = epoch + (batch + 1) / steps_per_epoch`: Horovod counts each batch as
+  done, so that the last batch of the warmup trains with `initial_lr`.
 
   Args:
     initial_lr: the learning rate after the warmup (already scaled by
@@ -192,8 +196,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     warmup_epochs: length of the ramp.
     momentum_correction: see `LearningRateScheduleCallback`.
     steps_per_epoch: batches per epoch; default from `fit`.
-    verbose: 1 prints the rate reached when the warmup ends (rank 0 only
-      if the caller passes verbose only there).
+    verbose: 1 prints the rate reached when the warmup ends, on rank 0.
   """
 
   def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True,
@@ -201,6 +204,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     world = basics.size()
 
     def multiplier(epoch):
+      epoch += 1.0 / self.steps_per_epoch  # this batch counted as done
       return 1.0 / world * (epoch * (world - 1) / warmup_epochs + 1)
 
     super().__init__(initial_lr, multiplier, start_epoch=0,
@@ -211,7 +215,8 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
   def on_epoch_end(self, epoch, logs=None):
     super().on_epoch_end(epoch, logs)
-    if epoch == self.end_epoch - 1 and self.verbose > 0:
+    if (epoch == self.end_epoch - 1 and self.verbose > 0 and
+        basics.rank() == 0):
       lr = float(np.asarray(self._learning_rate_variable().numpy()))
       print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
             f"{lr:g}.")
