@@ -249,15 +249,19 @@ def _mpi_job():
 def patch_preemption_checkpoint_handler():
   """Makes TF's handler agree over MPI instead of its coordination service.
 
-  `MPIStrategy`'s cluster resolver has an empty cluster spec, so TF runs
-  the handler in its single-worker mode: each rank would act on its own
-  signal alone, and the saving rank waits in a collective forever.  In an
-  mpistrategy job the handler instead watches the preemption signal and
-  agrees at each `run()` / `save_checkpoint_if_preempted()` (see `agree`).
+  With `MPIStrategy`'s cluster spec (a worker per rank, no coordination
+  service) TF's multi-worker mode would wait on a coordination service that
+  does not exist; with an empty one, its single-worker mode has each rank
+  act on its own signal alone, and the saving rank waits in a collective
+  forever.  In an mpistrategy job the handler runs in the single-worker
+  mode (it is given an empty cluster spec) but watches the preemption
+  signal and agrees at each `run()` / `save_checkpoint_if_preempted()`
+  over MPI (see `agree`).
   TF's countdown for long grace periods (keep training until shortly before
   the deadline) is not used: the ranks save at the first boundary after
   the signal and exit.
   """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from mpistrategy import _tf_private as _tfp  # pylint: disable=g-import-not-at-top
   handler = _tfp.failure_handling.PreemptionCheckpointHandler
   orig_watch = handler._start_watching_for_signal  # pylint: disable=protected-access
@@ -265,9 +269,13 @@ def patch_preemption_checkpoint_handler():
   orig_init, orig_del = handler.__init__, handler.__del__
   util = _tfp.failure_handling.failure_handling_util
 
-  def __init__(self, *args, **kwargs):
+  def __init__(self, cluster_resolver, *args, **kwargs):
     if not _mpi_job():
-      return orig_init(self, *args, **kwargs)
+      return orig_init(self, cluster_resolver, *args, **kwargs)
+    if cluster_resolver is not None:  # the single-worker mode (see above)
+      cluster_resolver = _tfp.SimpleClusterResolver(
+          tf.train.ClusterSpec({}), task_type=cluster_resolver.task_type,
+          task_id=cluster_resolver.task_id)
     # TF asks the GCE metadata server (up to 5 s) and then, on GCE, uses
     # GCE's maintenance watcher and a one-hour grace period; an MPI job
     # handles a signal, wherever it runs.
@@ -276,7 +284,7 @@ def patch_preemption_checkpoint_handler():
     util.detect_platform = lambda: (util.PlatformDevice.INTERNAL_GPU if has_gpu
                                     else util.PlatformDevice.INTERNAL_CPU)
     try:
-      orig_init(self, *args, **kwargs)
+      orig_init(self, cluster_resolver, *args, **kwargs)
     finally:
       util.detect_platform = detect
     config = self._termination_config  # pylint: disable=protected-access

@@ -16,6 +16,7 @@ TF's multi-device one (`MPIExtended._plain_iterator_options` says why).
 """
 
 import copy
+import socket
 import weakref
 
 import numpy as np
@@ -140,7 +141,7 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
     self._host_input_device = _tfp.numpy_dataset.SingleDevice(
         self._worker_device)
     self._cluster_resolver = _tfp.SimpleClusterResolver(
-        tf.train.ClusterSpec({}), task_type="worker", task_id=rank,
+        _cluster_spec(size), task_type="worker", task_id=rank,
         num_accelerators={device_type: 1} if device_type == "GPU" else None)
 
     if cross_device_ops is None:
@@ -458,8 +459,11 @@ class MPIStrategy(tf.distribute.MultiWorkerMirroredStrategy):
   def cluster_resolver(self):
     """A `tf.distribute.cluster_resolver.SimpleClusterResolver`.
 
-    Its cluster spec is empty (MPI is the cluster); `task_type` is "worker"
-    and `task_id` the MPI rank.
+    Its cluster spec has one "worker" task per MPI rank, as
+    MultiWorkerMirroredStrategy's has one per worker, so that
+    `cluster_spec().num_tasks("worker")` and TF's chief checks work; each
+    entry is the rank's host name, without a port (MPI, not gRPC, connects
+    the ranks).  `task_type` is "worker" and `task_id` the MPI rank.
     """
     return self.extended._cluster_resolver  # pylint: disable=protected-access
 
@@ -587,6 +591,33 @@ def _agree_on_cardinality(dataset):
   if len(set(everyone)) > 1:
     dataset._cardinality = tf.data.UNKNOWN_CARDINALITY  # pylint: disable=protected-access
     dataset._enable_get_next_as_optional = True  # pylint: disable=protected-access
+
+
+_HOST_BYTES = 256  # a host name's limit (HOST_NAME_MAX is 64; FQDNs 255)
+
+
+def _cluster_spec(size):
+  """{"worker": [host of rank 0, host of rank 1, ...]}: one small allgather.
+
+  Args:
+    size: the number of ranks.
+
+  Returns:
+    A `tf.train.ClusterSpec`; empty where eager execution is off (a
+    collective cannot run while the strategy is built in a TF1 graph).
+  """
+  host = socket.gethostname().encode()[:_HOST_BYTES]
+  if size == 1:
+    return tf.train.ClusterSpec({"worker": [host.decode()]})
+  with tf.init_scope():
+    if not tf.executing_eagerly():
+      return tf.train.ClusterSpec({})
+    row = np.zeros([1, _HOST_BYTES], np.uint8)
+    row[0, :len(host)] = np.frombuffer(host, np.uint8)
+    with tf.name_scope("MPIStrategyHosts"):
+      rows = _ops().allgather(tf.constant(row)).numpy()
+  hosts = [bytes(r).rstrip(b"\0").decode(errors="replace") for r in rows]
+  return tf.train.ClusterSpec({"worker": hosts})
 
 
 def _broadcast_seed():

@@ -73,9 +73,10 @@ _PATCHES = (
     # atomically; load reads the worker's own path.  Same upstream change.
     ("tf.saved_model.save+load", True,
      lambda rank: checkpoint.patch_saved_model()),
-    # TF's PreemptionCheckpointHandler runs in single-worker mode under
-    # MPIStrategy (empty cluster spec): each rank acts on its own signal and
-    # the saving rank hangs.  Here the ranks agree over MPI at each run().
+    # TF's PreemptionCheckpointHandler agrees through a coordination service
+    # MPIStrategy does not run, and without one (single-worker mode) each
+    # rank acts on its own signal and the saving rank hangs.  Here it runs in
+    # single-worker mode and the ranks agree over MPI at each run().
     # Removed if TF agreed through the strategy's collectives instead of its
     # coordination service.
     ("tf.PreemptionCheckpointHandler", False,

@@ -6,11 +6,13 @@
 
 import copy
 import hashlib
+import socket
 
 import numpy as np
 import pytest
 import tensorflow as tf
 import keras
+from tensorflow.python.distribute import multi_worker_util  # pylint: disable=g-direct-tensorflow-import
 
 import mpistrategy
 from mpistrategy import ops
@@ -44,7 +46,13 @@ def test_basics(strategy):
   assert strategy.extended.should_checkpoint == (R == 0)
   cr = strategy.cluster_resolver
   assert cr.task_type == "worker" and cr.task_id == R
-  assert not cr.cluster_spec().as_dict()
+  # One worker per rank, as MultiWorkerMirroredStrategy's spec: TF's own
+  # helpers and ClusterSpec's accessors work on it.
+  spec = cr.cluster_spec()
+  assert spec.jobs == ["worker"] and spec.num_tasks("worker") == N
+  assert spec.task_address("worker", R) == socket.gethostname()
+  assert multi_worker_util.is_chief(spec, "worker", R) == (R == 0)
+  assert multi_worker_util.worker_count(spec, "worker") == N
   dup = copy.deepcopy(strategy)
   assert dup.extended._num_workers == N
   with pytest.raises(ValueError, match="cluster"):
