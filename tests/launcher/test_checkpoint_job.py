@@ -190,38 +190,41 @@ def _scratch_job(launch, tmp, then, np_=2):
                 args=["--mode", "scratch", "--dir", work, "--then", then])
 
 
-@pytest.mark.timeout(300)
-def test_scratch_directories_are_removed_when_a_rank_raises(launch):
+@pytest.fixture()
+def job_tmp():
+  """A private TMPDIR for the jobs, removed in teardown."""
   tmp = tempfile.mkdtemp(prefix="mpistrategy-test-tmp-")
   try:
-    job = _scratch_job(launch, tmp, "raise")
-    assert job.returncode != 0 and not job.timed_out, job.describe()
-    assert "raised after saving" in job.rank_text(1), job.describe()
-    used = [os.path.basename(job.event("SCRATCH", r).text) for r in range(2)]
-    assert all(u.startswith("mpistrategy-rank") for u in used), used
-    job.assert_no_leftovers()
-    assert _scratch_dirs(tmp) == [], job.describe()
+    yield tmp
   finally:
     subprocess.run(["rm", "-rf", tmp], check=False)
+
+
+@pytest.mark.timeout(300)
+def test_scratch_directories_are_removed_when_a_rank_raises(launch, job_tmp):
+  job = _scratch_job(launch, job_tmp, "raise")
+  assert job.returncode != 0 and not job.timed_out, job.describe()
+  assert "raised after saving" in job.rank_text(1), job.describe()
+  used = [os.path.basename(job.event("SCRATCH", r).text) for r in range(2)]
+  assert all(u.startswith("mpistrategy-rank") for u in used), used
+  job.assert_no_leftovers()
+  assert _scratch_dirs(job_tmp) == [], job.describe()
 
 
 @pytest.mark.timeout(400)
-def test_scratch_directories_a_kill_left_are_removed_by_the_next_job(launch):
-  tmp = tempfile.mkdtemp(prefix="mpistrategy-test-tmp-")
-  try:
-    killed = _scratch_job(launch, tmp, "kill")
-    assert killed.returncode != 0 and not killed.timed_out, killed.describe()
-    killed.assert_no_leftovers()
-    left = _scratch_dirs(tmp)
-    # The killed rank cannot clean up; mpirun ends the others by signal.
-    assert os.path.basename(killed.event("SCRATCH", 1).text) in left, (
-        left, killed.describe())
-    # An older version's directory (no owner file) is not ours to judge.
-    legacy = os.path.join(tmp, "mpistrategy-rank5-legacy")
-    os.makedirs(legacy)
-    job = _scratch_job(launch, tmp, "exit")
-    assert job.returncode == 0, job.describe()
-    assert len(job.events("FINISHED")) == 2, job.describe()
-    assert _scratch_dirs(tmp) == ["mpistrategy-rank5-legacy"], job.describe()
-  finally:
-    subprocess.run(["rm", "-rf", tmp], check=False)
+def test_scratch_directories_a_kill_left_are_removed_by_the_next_job(
+    launch, job_tmp):
+  killed = _scratch_job(launch, job_tmp, "kill")
+  assert killed.returncode != 0 and not killed.timed_out, killed.describe()
+  killed.assert_no_leftovers()
+  left = _scratch_dirs(job_tmp)
+  # The killed rank cannot clean up; mpirun ends the others by signal.
+  assert os.path.basename(killed.event("SCRATCH", 1).text) in left, (
+      left, killed.describe())
+  # An older version's directory (no owner file) is not ours to judge.
+  os.makedirs(os.path.join(job_tmp, "mpistrategy-rank5-legacy"))
+  job = _scratch_job(launch, job_tmp, "exit")
+  assert job.returncode == 0, job.describe()
+  assert len(job.events("FINISHED")) == 2, job.describe()
+  assert _scratch_dirs(job_tmp) == ["mpistrategy-rank5-legacy"], (
+      job.describe())
