@@ -10,6 +10,7 @@ a default engine.
 
 import csv
 import os
+import shutil
 import tempfile
 import time
 
@@ -41,12 +42,18 @@ def _default_engine_afterwards():
   _restart(mpistrategy.Options())
 
 
-def _shared_directory():
-  """A directory path chosen by rank 0, the same string on every rank."""
+@pytest.fixture()
+def shared_directory():
+  """A directory path chosen by rank 0, the same string on every rank.
+
+  Only rank 0 writes there (the autotune log); it removes it afterwards.
+  """
   path = tempfile.mkdtemp(prefix="mpistrategy_autotune_") if RANK == 0 else ""
   encoded = np.frombuffer(path.encode().ljust(256, b"\0"), np.uint8)
   agreed = ops.broadcast(tf.constant(encoded), root_rank=0)
-  return bytes(np.asarray(agreed)).rstrip(b"\0").decode()
+  yield bytes(np.asarray(agreed)).rstrip(b"\0").decode()
+  if RANK == 0:
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _agree_min(value):
@@ -101,9 +108,9 @@ def test_fusion_wait_keeps_results_correct():
     np.testing.assert_allclose(np.asarray(o), expected * i)
 
 
-def test_autotune_finishes_with_the_same_parameters_on_every_rank():
-  directory = _shared_directory()
-  log_path = os.path.join(directory, "autotune.csv")
+def test_autotune_finishes_with_the_same_parameters_on_every_rank(
+    shared_directory):
+  log_path = os.path.join(shared_directory, "autotune.csv")
   _restart(mpistrategy.Options(autotune=True, autotune_log=log_path))
   assert not ops.tuned_parameters()["final"] or SIZE == 1
 

@@ -9,6 +9,7 @@ closed forms.
 """
 
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -240,6 +241,9 @@ def test_load_model_keeps_state_and_distributes():
   loaded.fit(local_x * (RANK + 1), local_y, batch_size=LOCAL_BATCH, epochs=1,
              verbose=0)
   assert _all_equal_across_ranks(loaded.get_weights())
+  hvd_tf.barrier()  # every rank has loaded it
+  if RANK == 0:
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
 def test_keras_unsupported():
