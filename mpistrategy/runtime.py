@@ -16,7 +16,9 @@ see `_abort_on_exception`).
 
 import atexit
 import ctypes
+import os
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -319,6 +321,27 @@ def _uninstall_excepthook():
   _state.previous_excepthook = None
 
 
+_AUTOGRAPH_PREFIX = "__autograph_generated_file"
+
+
+def _remove_autograph_files():
+  """Removes the modules autograph wrote into $TMPDIR, as its atexit would.
+
+  Autograph loads each converted function from a temporary file that it
+  deletes at exit; a job that ends by MPI_Abort would leave them all.
+  """
+  directory = os.path.realpath(tempfile.gettempdir())
+  for name, module in list(sys.modules.items()):
+    path = getattr(module, "__file__", None)
+    if (not name.startswith(_AUTOGRAPH_PREFIX) or not path or
+        os.path.dirname(os.path.realpath(path)) != directory):
+      continue
+    try:
+      os.remove(path)
+    except OSError:
+      pass
+
+
 def _abort_on_exception(exc_type, exc, tb):
   """sys.excepthook: print with the rank, tell the other ranks, MPI_Abort."""
   lib = _library.loaded()
@@ -329,7 +352,9 @@ def _abort_on_exception(exc_type, exc, tb):
   sys.stderr.flush()
   if lib is None:
     return
-  checkpoint.remove_scratch()  # MPI_Abort below skips atexit
+  # MPI_Abort below skips atexit, where these files would be removed.
+  checkpoint.remove_scratch()
+  _remove_autograph_files()
   if (isinstance(exc, tf.errors.UnavailableError) and
       "peer_timeout_seconds" in str(exc)):
     # A peer timeout: the engine itself ends the job a moment later, after

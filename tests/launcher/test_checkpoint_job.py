@@ -17,9 +17,9 @@ Runs tests/launcher/scripts/checkpoint_job.py under mpirun.
   with rank 0's FailedPreconditionError saying what to do and the others'
   errors naming rank 0's checkpoint read, instead of hanging.
 * Scratch directories (`$TMPDIR/mpistrategy-rank<r>-*`, where ranks > 0
-  write their copies): gone after a job whose rank raised (MPI_Abort skips
-  atexit), and those a SIGKILL left behind are removed by the next job
-  that saves on the same host.
+  write their copies) and autograph's modules: gone after a job whose rank
+  raised (MPI_Abort skips atexit); scratch directories a SIGKILL left
+  behind are removed by the next job that saves on the same host.
 * The same habit on `mpistrategy.horovod` alone (no MPIStrategy, so reads
   are local as in Horovod): rank 0 restores, `hvd.broadcast_variables`
   gives every rank the restored weights.
@@ -209,6 +209,10 @@ def test_scratch_directories_are_removed_when_a_rank_raises(launch, job_tmp):
   assert all(u.startswith("mpistrategy-rank") for u in used), used
   job.assert_no_leftovers()
   assert _scratch_dirs(job_tmp) == [], job.describe()
+  # Nor autograph's modules, which its atexit (skipped by MPI_Abort) removes.
+  assert not [f for f in os.listdir(job_tmp)
+              if f.startswith("__autograph_generated_file")], (
+                  os.listdir(job_tmp))
 
 
 @pytest.mark.timeout(400)

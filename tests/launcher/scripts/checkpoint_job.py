@@ -28,7 +28,8 @@
                        every rank saves DIR (.keras, h5 weights, a
                        tf.train.Checkpoint: ranks > 0 into their scratch
                        directory, rank 0 staging its h5 files there) and
-                       names its scratch directory (SCRATCH event); then the
+                       names its scratch directory (SCRATCH event), runs a
+                       tf.function autograph converts; then the
                        last rank exits normally (T=exit), raises (T=raise)
                        or kills itself with SIGKILL (T=kill).  Run with a
                        private TMPDIR.
@@ -283,6 +284,14 @@ def scratch(then):
   model.save_weights(os.path.join(args.dir, "m.weights.h5"))
   tf.train.Checkpoint(model=model).write(os.path.join(args.dir, "ckpt"))
   io.emit("SCRATCH", checkpoint._STATE["scratch"])  # pylint: disable=protected-access
+
+  @tf.function
+  def converted(x):  # autograph writes its module into $TMPDIR
+    if x > 0:
+      x = x - 1
+    return x
+
+  converted(tf.constant(1))
   ops.barrier()
   if rank == size - 1:
     if then == "raise":
