@@ -17,6 +17,7 @@ TF's multi-device one (`MPIExtended._plain_iterator_options` says why).
 
 import copy
 import socket
+import sys
 import weakref
 
 import numpy as np
@@ -226,8 +227,10 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
     if tf.nest.is_nested(value):
       return tf.nest.map_structure(
           lambda v: super(MPIExtended, self)._reduce_to(
-              reduce_op, v, destinations, options), value)
-    return super()._reduce_to(reduce_op, value, destinations, options)
+              reduce_op, _read_keras_variable(v), destinations, options),
+          value)
+    return super()._reduce_to(reduce_op, _read_keras_variable(value),
+                              destinations, options)
 
   def _experimental_distribute_dataset(self, dataset, options):
     # A dataset the user sharded for the ranks already (Horovod's
@@ -591,6 +594,29 @@ def _agree_on_cardinality(dataset):
   if len(set(everyone)) > 1:
     dataset._cardinality = tf.data.UNKNOWN_CARDINALITY  # pylint: disable=protected-access
     dataset._enable_get_next_as_optional = True  # pylint: disable=protected-access
+
+
+def _read_keras_variable(value):
+  """A `keras.Variable`'s value as a tensor; any other value unchanged.
+
+  A Keras 3 variable wraps TF's and is neither a tensor nor a
+  `DistributedValues`, so TF's reduction cannot place it ("Cannot convert
+  `input_tensor` to a `PerReplica` object").  One arrives here from a
+  metric whose `result()` returns its variable (the Keras guides'
+  `CategoricalTruePositives`).  Read in cross-replica context, a metric's
+  on-read variable is its aggregate over all ranks: the value one process
+  would have counted.
+
+  Args:
+    value: what `Strategy.reduce` was given.
+
+  Returns:
+    `value`, or the variable's value.
+  """
+  keras = sys.modules.get("keras")
+  if keras is not None and isinstance(value, keras.Variable):
+    return tf.convert_to_tensor(value)
+  return value
 
 
 _HOST_BYTES = 256  # a host name's limit (HOST_NAME_MAX is 64; FQDNs 255)

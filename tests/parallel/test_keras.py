@@ -318,6 +318,42 @@ def test_uneven_batches_and_an_empty_rank(strategy):
                              rtol=1e-5)
 
 
+class _CountRows(keras.metrics.Metric):
+  """The Keras guides' custom-metric pattern: `result()` is the variable."""
+
+  def __init__(self, name="rows", **kwargs):
+    super().__init__(name=name, **kwargs)
+    self.count = self.add_variable(shape=(), name="count",
+                                   initializer="zeros")
+
+  def update_state(self, y_true, y_pred, sample_weight=None):
+    del y_pred, sample_weight
+    self.count.assign_add(tf.cast(tf.shape(y_true)[0], tf.float32))
+
+  def result(self):
+    return self.count
+
+  def reset_state(self):
+    self.count.assign(0.0)
+
+
+def test_metric_whose_result_is_its_variable_counts_every_rank(strategy):
+  # Reducing the returned keras.Variable failed ("Cannot convert
+  # `input_tensor` to a `PerReplica` object"); its value is the count over
+  # all ranks, as in one process.
+  size = mpistrategy.size()
+  rows = 12 * size + 1                  # a short last batch
+  x = np.ones((rows, 4), np.float32)
+  y = np.ones((rows, 1), np.float32)
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse", metrics=[_CountRows()])
+  history = model.fit(x, y, batch_size=4 * size, epochs=2, verbose=0)
+  assert history.history["rows"] == [float(rows)] * 2
+  _, counted = model.evaluate(x, y, batch_size=4 * size, verbose=0)
+  assert counted == rows
+
+
 def test_fit_on_per_rank_datasets_of_different_lengths(strategy):
   """distribute_datasets_from_function with r + 2 batches on rank r.
 
