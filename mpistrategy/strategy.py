@@ -640,7 +640,8 @@ def _cluster_spec(size):
       return tf.train.ClusterSpec({})
     row = np.zeros([1, _HOST_BYTES], np.uint8)
     row[0, :len(host)] = np.frombuffer(host, np.uint8)
-    with tf.name_scope("MPIStrategyHosts"):
+    # On the CPU whatever device scope the strategy is made in: host bytes.
+    with tf.name_scope("MPIStrategyHosts"), tf.device("/CPU:0"):
       rows = _ops().allgather(tf.constant(row)).numpy()
   hosts = [bytes(r).rstrip(b"\0").decode(errors="replace") for r in rows]
   return tf.train.ClusterSpec({"worker": hosts})
