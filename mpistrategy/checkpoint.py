@@ -92,8 +92,7 @@ import tensorflow as tf
 
 from mpistrategy import _tf_private as _tfp
 
-_STATE = {"rank": 0, "size": 1, "scratch": None, "scratch_lock": None,
-          "scratch_atexit": False}
+_STATE = {"rank": 0, "size": 1, "scratch": None, "scratch_lock": None}
 _SCRATCH_PREFIX = "mpistrategy-rank"
 _OWNER_FILE = ".owner"
 # Per thread: nesting depth of patched writes (only the outermost one
@@ -128,9 +127,6 @@ def _scratch_root():
     root = tempfile.mkdtemp(prefix="%s%d-" % (_SCRATCH_PREFIX, _STATE["rank"]))
     _STATE["scratch_lock"] = _hold_owner_lock(root)
     _STATE["scratch"] = root
-    if not _STATE["scratch_atexit"]:
-      atexit.register(remove_scratch)
-      _STATE["scratch_atexit"] = True
   return _STATE["scratch"]
 
 
@@ -146,6 +142,9 @@ def remove_scratch():
     shutil.rmtree(root, ignore_errors=True)
   if lock is not None:
     os.close(lock)
+
+
+atexit.register(remove_scratch)
 
 
 def _hold_owner_lock(root):
@@ -299,7 +298,8 @@ def _naming_user_path(path, written):
 
   Args:
     path: the path the user gave.
-    written: the path this rank actually writes.
+    written: the path this rank actually writes (a string tensor, inside a
+      `tf.function`, is left alone).
 
   Yields:
     Nothing; an exception raised inside is edited in place and re-raised.
@@ -307,16 +307,19 @@ def _naming_user_path(path, written):
   try:
     yield
   except Exception as error:  # pylint: disable=broad-except
-    _rename_in_error(error, os.fspath(written), os.fspath(path))
+    if _is_path(written) and _is_path(path):
+      _rename_in_error(error, os.fspath(written), os.fspath(path))
     raise
 
 
 def _rename_in_error(error, written, path):
   """Replaces `written` (and this rank's scratch prefix) in `error`'s text."""
+  if written == path:
+    return
   root = _STATE["scratch"]
 
   def fix(value):
-    if not isinstance(value, str) or written == path:
+    if not isinstance(value, str):
       return value
     value = value.replace(written, path)
     if root is not None and not _is_chief():
@@ -794,11 +797,8 @@ def patch_tf_checkpoint():
       local = _mirror_path_tensor(file_prefix)
     else:
       local = _mirror_for_write(file_prefix)
-    if isinstance(local, tf.Tensor):
+    with _naming_user_path(file_prefix, local):
       written = orig_write(self, local, options)
-    else:
-      with _naming_user_path(file_prefix, local):
-        written = orig_write(self, local, options)
     if isinstance(written, tf.Tensor):  # written inside a tf.function
       with tf.control_dependencies([written]):
         return tf.identity(tf.convert_to_tensor(file_prefix, tf.string))
