@@ -106,6 +106,8 @@ def _declare(c):
   c.mpistrategy_describe_rank.argtypes = [ctypes.c_int, ctypes.c_char_p,
                                           ctypes.c_int]
   c.mpistrategy_describe_rank.restype = ctypes.c_int
+  c.mpistrategy_rank_hosts.argtypes = [ctypes.c_char_p, ctypes.c_int]
+  c.mpistrategy_rank_hosts.restype = ctypes.c_int
   for name in ("is_initialized", "is_forked_child", "rank", "size",
                "local_rank", "local_size",
                "mpi_threads_supported", "built_with_cuda",

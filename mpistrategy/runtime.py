@@ -297,6 +297,31 @@ def built_with_nccl():
   return bool(_lib().c.mpistrategy_built_with_nccl())
 
 
+def rank_hosts():
+  """Returns every rank's host name, in rank order (initializing if needed).
+
+  The engines exchange them when they start, so no collective runs here; the
+  call waits for that exchange if it is still under way.
+
+  Returns:
+    A list of `size()` strings, each host's `gethostname()`.
+
+  Raises:
+    tf.errors.OpError: the engine stopped before the ranks agreed at
+      startup (e.g. a rank could not start); the error says why.
+  """
+  lib = started_library()
+  # A host name is at most 255 bytes, plus its newline.
+  buf = ctypes.create_string_buffer(256 * lib.c.mpistrategy_size() + 4096)
+  code = lib.c.mpistrategy_rank_hosts(buf, len(buf))
+  text = buf.value.decode(errors="replace")
+  if code != 0:
+    # -1: shut down by another thread since started_library().
+    raise _ERRORS_BY_CODE.get(code, tf.errors.AbortedError)(
+        None, None, text or "mpistrategy.rank_hosts: not initialized")
+  return text.splitlines()
+
+
 def _describe_rank(lib, which):
   """"rank N (host H, pid P)", as the engine's messages name ranks."""
   buf = ctypes.create_string_buffer(512)

@@ -16,7 +16,6 @@ TF's multi-device one (`MPIExtended._plain_iterator_options` says why).
 """
 
 import copy
-import socket
 import sys
 import weakref
 
@@ -142,7 +141,7 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
     self._host_input_device = _tfp.numpy_dataset.SingleDevice(
         self._worker_device)
     self._cluster_resolver = _tfp.SimpleClusterResolver(
-        _cluster_spec(size), task_type="worker", task_id=rank,
+        _cluster_spec(), task_type="worker", task_id=rank,
         num_accelerators={device_type: 1} if device_type == "GPU" else None)
 
     if cross_device_ops is None:
@@ -619,32 +618,14 @@ def _read_keras_variable(value):
   return value
 
 
-_HOST_BYTES = 256  # a host name's limit (HOST_NAME_MAX is 64; FQDNs 255)
-
-
-def _cluster_spec(size):
-  """{"worker": [host of rank 0, host of rank 1, ...]}: one small allgather.
-
-  Args:
-    size: the number of ranks.
+def _cluster_spec():
+  """{"worker": [host of rank 0, host of rank 1, ...]}.
 
   Returns:
-    A `tf.train.ClusterSpec`; empty where eager execution is off (a
-    collective cannot run while the strategy is built in a TF1 graph).
+    A `tf.train.ClusterSpec` of one task per rank, named by its host (no
+    port: the ranks talk over MPI, not gRPC).
   """
-  host = socket.gethostname().encode()[:_HOST_BYTES]
-  if size == 1:
-    return tf.train.ClusterSpec({"worker": [host.decode()]})
-  with tf.init_scope():
-    if not tf.executing_eagerly():
-      return tf.train.ClusterSpec({})
-    row = np.zeros([1, _HOST_BYTES], np.uint8)
-    row[0, :len(host)] = np.frombuffer(host, np.uint8)
-    # On the CPU whatever device scope the strategy is made in: host bytes.
-    with tf.name_scope("MPIStrategyHosts"), tf.device("/CPU:0"):
-      rows = _ops().allgather(tf.constant(row)).numpy()
-  hosts = [bytes(r).rstrip(b"\0").decode(errors="replace") for r in rows]
-  return tf.train.ClusterSpec({"worker": hosts})
+  return tf.train.ClusterSpec({"worker": runtime.rank_hosts()})
 
 
 def _broadcast_seed():

@@ -553,6 +553,7 @@ class Engine::Impl {
     std::lock_guard<std::mutex> lock(mu_);
     return mpistrategy::DescribeRank(rank, peers_);
   }
+  Status WaitForPeers(std::vector<PeerInfo>* peers) const;
 
   const EngineConfig config_;
   const std::unique_ptr<Transport> transport_;
@@ -640,7 +641,8 @@ class Engine::Impl {
   // ---- shared, guarded by mu_ ------------------------------------------
   mutable std::mutex mu_;
   std::condition_variable wake_cv_;     // engine thread waits here
-  std::condition_variable stopped_cv_;  // Abort waits here
+  // Abort and WaitForPeers wait here.
+  mutable std::condition_variable stopped_cv_;
   std::vector<PendingEntry> incoming_;
   std::unordered_set<std::string> in_flight_;
   bool shutdown_requested_ = false;
@@ -895,6 +897,16 @@ TunedParameters Engine::Impl::tuned_parameters() const {
   return published_parameters_;
 }
 
+Status Engine::Impl::WaitForPeers(std::vector<PeerInfo>* peers) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  stopped_cv_.wait(lock, [this] { return !peers_.empty() || loop_ended_; });
+  if (peers_.empty()) {
+    return Status(sticky_code_, "mpistrategy: the engine " + sticky_suffix_);
+  }
+  *peers = peers_;
+  return Status::Ok();
+}
+
 Status Engine::Impl::StickyStatusFor(const std::string& name) const {
   return Status(sticky_code_,
                 "mpistrategy: collective \"" + name + "\" " + sticky_suffix_);
@@ -921,6 +933,7 @@ void Engine::Impl::Loop() {
       std::lock_guard<std::mutex> lock(mu_);
       peers_ = std::move(peers);
     }
+    stopped_cv_.notify_all();
     self_ = mpistrategy::DescribeRank(rank_, peers_);
     if (negotiator_ != nullptr) negotiator_->SetPeers(peers_);
     StartMonitor();
@@ -1654,6 +1667,9 @@ bool Engine::cpu_plane_reduces_parts() const {
 const EngineConfig& Engine::config() const { return impl_->config_; }
 std::string Engine::DescribeRank(int rank) const {
   return impl_->DescribeRankLocked(rank);
+}
+Status Engine::WaitForPeers(std::vector<PeerInfo>* peers) const {
+  return impl_->WaitForPeers(peers);
 }
 EngineStats Engine::stats() const { return impl_->stats(); }
 TunedParameters Engine::tuned_parameters() const {

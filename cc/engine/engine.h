@@ -185,6 +185,10 @@ class Engine {
   // Thread-safe.  "rank N (host H, pid P)" for rank `rank`, from the
   // identities the engines exchanged at startup ("rank N" before that).
   std::string DescribeRank(int rank) const;
+  // Thread-safe; blocks until the engines have agreed at startup.  Fills
+  // `peers` with every rank's host and pid, or returns the error that
+  // stopped this engine first.
+  Status WaitForPeers(std::vector<PeerInfo>* peers) const;
 
   // Thread-safe snapshot of the counters.
   EngineStats stats() const;

@@ -971,8 +971,38 @@ TEST(Negotiation, RanksMustAgreeOnSharedSettings) {
       Status s = Await(&f);
       EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
       EXPECT_TRUE(Contains(s.message(), test.want)) << s.message();
+      // What waits for the start-up exchange gets the same error.
+      std::vector<PeerInfo> peers;
+      s = engines[rank]->WaitForPeers(&peers);
+      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+      EXPECT_TRUE(Contains(s.message(), test.want)) << s.message();
+      EXPECT_TRUE(peers.empty());
     });
   }
+}
+
+// Every rank learns every rank's host and pid from the start-up exchange,
+// without a collective of its own.
+TEST(Negotiation, WaitForPeersGivesEveryRanksHost) {
+  const int n = 3;
+  auto world = FakeWorld::Create(n, 2, 30.0);  // hosts of 2 and 1 ranks
+  std::vector<std::unique_ptr<Engine>> engines(n);
+  for (int r = 0; r < n; ++r) {
+    EngineConfig config = TestConfig();
+    config.data_plane = HostDataPlane::kMpi;
+    ASSERT_TRUE(
+        Engine::Create(config, world->CreateTransport(r), &engines[r]).ok());
+  }
+  OnEveryRank(n, [&](int rank) {
+    std::vector<PeerInfo> peers;
+    Status s = engines[rank]->WaitForPeers(&peers);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    ASSERT_EQ(peers.size(), static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(peers[r].host, "host" + std::to_string(r / 2));
+      EXPECT_EQ(peers[r].pid, 1000 + r);
+    }
+  });
 }
 
 TEST(Negotiation, AllgatherDifferentFirstDims) {

@@ -25,6 +25,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cc/common/common.h"
 #include "cc/engine/config.h"
@@ -242,6 +243,26 @@ int mpistrategy_describe_rank(int rank, char* buffer, int length) {
       mpistrategy::EngineHolder::Instance().Get();
   if (engine == nullptr) return -1;
   mpistrategy::CopyMessage(engine->DescribeRank(rank), buffer, length);
+  return 0;
+}
+
+// Waits until the engines have agreed at startup, then copies every rank's
+// host name, one per line in rank order, to buffer and returns 0 (-1 when
+// not initialized).  Returns the error's code and copies its message to
+// buffer if the engine stopped first.
+int mpistrategy_rank_hosts(char* buffer, int length) {
+  std::shared_ptr<mpistrategy::Engine> engine =
+      mpistrategy::EngineHolder::Instance().Get();
+  if (engine == nullptr) return -1;
+  std::vector<mpistrategy::PeerInfo> peers;
+  const mpistrategy::Status status = engine->WaitForPeers(&peers);
+  if (!status.ok()) {
+    mpistrategy::CopyMessage(status.message(), buffer, length);
+    return static_cast<int>(status.code());
+  }
+  std::string hosts;
+  for (const mpistrategy::PeerInfo& peer : peers) hosts += peer.host + "\n";
+  mpistrategy::CopyMessage(hosts, buffer, length);
   return 0;
 }
 

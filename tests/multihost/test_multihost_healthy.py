@@ -62,6 +62,7 @@ def test_topology_per_host(mpirun_job, cluster, layout):
     assert info == {**info, "rank": rank, "size": size,
                     "local_rank": rank - layout[0] * on_b,
                     "local_size": layout[on_b], "host": host,
+                    "rank_hosts": [_host(layout, r) for r in range(size)],
                     "sum": size * (size + 1) / 2}, (
                         f"rank {rank}: {info}\n" + job.describe())
     pid, pid_host = job.event_text("PID", rank).split()

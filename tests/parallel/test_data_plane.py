@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import mpistrategy
 from mpistrategy import ops
+from mpistrategy import runtime
 
 SIZE = int(os.environ.get("OMPI_COMM_WORLD_SIZE",
                           os.environ.get("PMI_SIZE", "1")))
@@ -135,3 +136,8 @@ def test_ranks_that_disagree_on_the_data_plane_fail_on_every_rank(
                      f"MPISTRATEGY_{field.upper()} \\(or Options.{field}\\) "
                      "alike on every rank"):
     ops.allreduce(tf.ones([5]))
+  # What waits for the ranks' start-up exchange (the strategy's cluster
+  # spec) gets the same error instead of waiting forever.
+  with pytest.raises(tf.errors.FailedPreconditionError,
+                     match=f"ranks disagree on {field}"):
+    runtime.rank_hosts()

@@ -16,6 +16,7 @@ from tensorflow.python.distribute import multi_worker_util  # pylint: disable=g-
 
 import mpistrategy
 from mpistrategy import ops
+from mpistrategy import runtime
 from mpistrategy.cross_device_ops import MPIAllReduce, NcclAllReduce
 from mpistrategy.strategy import MPIStrategy
 
@@ -51,6 +52,10 @@ def test_basics(strategy):
   spec = cr.cluster_spec()
   assert spec.jobs == ["worker"] and spec.num_tasks("worker") == N
   assert spec.task_address("worker", R) == socket.gethostname()
+  # Every rank's host, from the engines' start-up exchange (tests/multihost
+  # checks hosts that differ).
+  assert spec.job_tasks("worker") == [socket.gethostname()] * N
+  assert runtime.rank_hosts() == [socket.gethostname()] * N
   assert multi_worker_util.is_chief(spec, "worker", R) == (R == 0)
   assert multi_worker_util.worker_count(spec, "worker") == N
   dup = copy.deepcopy(strategy)

@@ -47,6 +47,7 @@ import numpy as np
 import tensorflow as tf
 import mpistrategy
 from mpistrategy import ops
+from mpistrategy import runtime
 
 mpistrategy.init()
 rank, size = mpistrategy.rank(), mpistrategy.size()
@@ -67,6 +68,7 @@ def part_topology():
                      "local_rank": mpistrategy.local_rank(),
                      "local_size": mpistrategy.local_size(),
                      "host": socket.gethostname(), "pid": os.getpid(),
+                     "rank_hosts": runtime.rank_hosts(),
                      "sum": float(total.numpy())})
 
 
