@@ -22,7 +22,7 @@ TESTED_KERAS = ("3.15",)
 PATCHED_INTERNALS = (
     "keras LossScaleOptimizer.check_finite",
     "keras Progbar (utils.progbar)",
-    "keras BatchNormalization.call",
+    "keras BatchNormalization.call / _moments",
     "keras Trainer._symbolic_build",
     "keras ModelCheckpoint / BackupAndRestore file handling",
     "keras Model.save / save_weights / export",

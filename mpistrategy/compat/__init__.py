@@ -38,7 +38,9 @@ _PATCHES = (
     # Keras 3 makes BatchNormalization's moving statistics ordinary
     # non-trainable weights (Keras 2: sync-on-read, MEAN), so each rank's copy
     # drifts.  Removed when Keras 3 aggregates them across replicas again.
-    ("keras.BatchNormalization.call", False,
+    # Also `_moments`: a rank with an empty batch gets NaN moments, which
+    # its zero gradients multiply into NaN (removed when Keras guards it).
+    ("keras.BatchNormalization.call+_moments", False,
      lambda rank: keras.patch_batch_normalization()),
     # TensorFlowTrainer._maybe_symbolic_build all-reduces the first
     # distributed batch only to learn its shapes, which fails when the

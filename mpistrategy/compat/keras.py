@@ -35,7 +35,10 @@ multi-process `MPIStrategy`, so single-process code is unaffected.
    moving variance averages the shards' variances.  A rank whose batch is
    empty (NaN moments) does not count.  The forward pass still normalizes
    with the local batch's statistics, as non-synchronized batch
-   normalization does.  The average is a collective, so such a layer must
+   normalization does; on a rank whose batch is empty it uses a mean of 0
+   and a variance of 1 instead of the NaN moments, which would otherwise
+   reach every rank's gamma and beta through the gradients' sum.  The
+   average is a collective, so such a layer must
    run in training mode on every rank or on none: inside a `tf.cond` whose
    branch depends on the rank's data it leaves the ranks waiting in
    different collectives (the stall warning names them).
@@ -154,6 +157,24 @@ def patch_batch_normalization():
 
   call.__doc__ = original.__doc__
   cls.call = call
+
+  original_moments = cls._moments  # pylint: disable=protected-access
+
+  def _moments(self, inputs, mask):
+    mean, variance = original_moments(self, inputs, mask)
+    if self.synchronized or _active_mpi_world() <= 1:
+      return mean, variance
+    # A rank with no rows (the last batch of uneven data) has 0/0 moments.
+    # Its outputs are empty, but the gradients of gamma and beta pass
+    # through the moments (0 * NaN), and their sum over ranks would make
+    # every rank's weights NaN.  0 and 1 keep them at 0; the average above
+    # leaves the rank out of the statistics.
+    has_rows = tf.size(inputs) > 0
+    return (tf.where(has_rows, mean, tf.zeros_like(mean)),
+            tf.where(has_rows, variance, tf.ones_like(variance)))
+
+  _moments.__doc__ = original_moments.__doc__
+  cls._moments = _moments  # pylint: disable=protected-access
 
 
 def _average_over_ranks(layer, inputs):

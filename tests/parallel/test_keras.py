@@ -286,7 +286,8 @@ def test_uneven_batches_and_an_empty_rank(strategy):
   Keras builds the model from the first distributed batch (it used to
   all-reduce it, which fails when the shards differ in shape); batch norm
   moving statistics weight each rank by its rows, so they equal the global
-  batch's and a rank without rows (NaN moments) does not poison them.
+  batch's and a rank without rows (NaN moments) does not poison them, nor
+  the gradients of gamma and beta.
   """
   size = mpistrategy.size()
   batch = 4 * size + 1              # shards differ by one row
@@ -298,8 +299,7 @@ def test_uneven_batches_and_an_empty_rank(strategy):
   with strategy.scope():
     model = keras.Sequential([
         keras.Input((4,)),
-        keras.layers.BatchNormalization(center=False, scale=False,
-                                        momentum=momentum),
+        keras.layers.BatchNormalization(momentum=momentum),
         keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
   model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
@@ -310,6 +310,8 @@ def test_uneven_batches_and_an_empty_rank(strategy):
   moving_mean = model.layers[0].moving_mean.numpy()
   np.testing.assert_allclose(moving_mean, expected, rtol=1e-5)
   _assert_bit_identical_across_ranks([moving_mean], "BN moving mean")
+  for w in model.weights:
+    assert np.isfinite(w.numpy()).all(), f"{w.path}: {w.numpy()}"
   # Fewer rows than ranks.
   x_few, y_few = x[:size - 1 or 1], y[:size - 1 or 1]
   loss = model.evaluate(x_few, y_few, batch_size=batch, verbose=0)
