@@ -21,8 +21,8 @@ def validate_communication_options(options, where):
 
   `bytes_per_pack` and `timeout_seconds` are engine-wide settings in
   mpistrategy (the C++ engine fuses and times out every collective of the
-  process), so they are honoured when the strategy starts the engine and are
-  rejected on individual calls that ask for something else.
+  process), so they are honoured when the strategy starts the engine; on
+  individual calls they are hints that are not applied (logged once).
 
   Args:
     options: a `tf.distribute.experimental.CommunicationOptions`.
@@ -40,6 +40,10 @@ def validate_communication_options(options, where):
   if options.bytes_per_pack < 0:
     raise ValueError(
         f"{where}: bytes_per_pack must be >= 0, got {options.bytes_per_pack}")
+
+
+# The per-call CommunicationOptions fields already logged as not applied.
+_IGNORED_LOGGED = set()
 
 
 class MPIAllReduce(_tfp.CrossDeviceOps):
@@ -121,22 +125,33 @@ class MPIAllReduce(_tfp.CrossDeviceOps):
   # ---------------------------------------------------------------- helpers
 
   def _check_call_options(self, options):
-    """Rejects per-call options the engine cannot honour."""
+    """Takes per-call options as the hints TF documents them to be.
+
+    `CommunicationOptions` "are only hints ... ignored by others"
+    (TF's docstring), and code written for MultiWorkerMirroredStrategy
+    passes them per call.  `implementation` names how GPU tensors travel
+    and this class reduces host tensors with MPI, so it is ignored.
+    `bytes_per_pack` and `timeout_seconds` are engine-wide here (the
+    fusion threshold and the stall timeout, set when the engine starts),
+    so a per-call value that differs is not applied, and rank 0 logs that
+    once per field, naming where to set it.
+    """
     if options is None:
       return
-    if options.implementation == _tfp.CommunicationImplementation.NCCL:
-      raise ValueError(
-          "MPIAllReduce cannot run with implementation=NCCL; create the "
-          "strategy with cross_device_ops=NcclAllReduce() on GPUs instead.")
-    for field in ("bytes_per_pack", "timeout_seconds"):
+    for field, engine_field in (("bytes_per_pack", "fusion_threshold_bytes"),
+                                ("timeout_seconds", "stall_timeout_seconds")):
       got, want = getattr(options, field), getattr(self._options, field)
-      if got != want and got not in (0, None):
-        raise ValueError(
-            f"MPIAllReduce: per-call {field}={got!r} differs from the "
-            f"strategy's {field}={want!r}. In mpistrategy {field} is an "
-            "engine-wide setting (fusion threshold / stall timeout): pass it "
-            "in MPIStrategy(communication_options=...) or through "
-            "mpistrategy.Options.")
+      if got == want or got in (0, None) or field in _IGNORED_LOGGED:
+        continue
+      _IGNORED_LOGGED.add(field)
+      if runtime.rank() == 0:
+        engine = getattr(runtime.current_options(), engine_field, None)
+        tf.get_logger().warning(
+            "mpistrategy: a per-call CommunicationOptions(%s=%r) is not "
+            "applied: it is the engine-wide %s (now %r), fixed when the "
+            "engine starts. Pass it in MPIStrategy(communication_options="
+            "...) or mpistrategy.Options(%s=...) instead.",
+            field, got, engine_field, engine, engine_field)
 
   def _group_size(self, num_local):
     return self._world_size * num_local

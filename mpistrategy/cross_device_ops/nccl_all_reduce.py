@@ -55,12 +55,3 @@ class NcclAllReduce(mpi_all_reduce.MPIAllReduce):
     self._compression = compressor
     runtime.ensure_started()
     self._world_size = runtime.size()
-
-  def _check_call_options(self, options):
-    if options is None:
-      return
-    # NCCL is what this class does, so only the engine-wide fields are checked.
-    mpi_all_reduce.MPIAllReduce._check_call_options(  # pylint: disable=protected-access
-        self, tf.distribute.experimental.CommunicationOptions(
-            bytes_per_pack=options.bytes_per_pack,
-            timeout_seconds=options.timeout_seconds))

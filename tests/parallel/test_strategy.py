@@ -6,6 +6,7 @@
 
 import copy
 import hashlib
+import logging
 import socket
 
 import numpy as np
@@ -381,8 +382,36 @@ def test_communication_options():
   with pytest.raises(ValueError, match="cross_device_ops"):
     MPIStrategy(cross_device_ops=tf.distribute.ReductionToOneDevice())
   s = MPIStrategy(communication_options=opts(implementation=impl.RING))
-  with pytest.raises(ValueError, match="bytes_per_pack"):
-    s.reduce("SUM", tf.constant(1.0), axis=None) if False else (
-        s.extended.reduce_to("SUM", tf.constant(1.0), "/device:CPU:0",
-                             options=opts(bytes_per_pack=1024)))
   assert s.reduce("SUM", tf.constant(1.0), axis=None).numpy() == N
+
+
+def test_per_call_communication_options_are_hints():
+  # TF: "only hints ... ignored by others"; its own docstring's example
+  # passes all three per call, as MultiWorkerMirroredStrategy code does.
+  opts = tf.distribute.experimental.CommunicationOptions
+  impl = tf.distribute.experimental.CommunicationImplementation
+  records = []
+  handler = logging.Handler()
+  handler.emit = records.append
+  tf.get_logger().addHandler(handler)
+  try:
+    s = MPIStrategy()
+    hint = opts(bytes_per_pack=1024, timeout_seconds=120.0,
+                implementation=impl.NCCL)
+    for _ in range(2):
+      assert s.extended.reduce_to("SUM", tf.constant(1.0), "/device:CPU:0",
+                                  options=hint).numpy() == N
+      got = s.run(lambda: tf.distribute.get_replica_context().all_reduce(
+          "SUM", tf.constant(2.0), options=hint))
+      assert got.numpy() == 2.0 * N
+  finally:
+    tf.get_logger().removeHandler(handler)
+  # Rank 0 says once per field that the engine-wide value stays.
+  said = [r.getMessage() for r in records if "per-call" in r.getMessage()]
+  if R == 0:
+    assert len(said) == 2, said
+    assert "bytes_per_pack=1024" in said[0]
+    assert "fusion_threshold_bytes" in said[0]
+    assert "timeout_seconds=120.0" in said[1] and "stall_timeout" in said[1]
+  else:
+    assert not said
