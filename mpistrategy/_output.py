@@ -63,6 +63,9 @@ __all__ = ["rank_from_env", "verbose_from_env", "setup_this_process",
            "quiet_this_process", "undo_quiet", "is_noise", "main"]
 
 VERBOSE_VARIABLE = "MPISTRATEGY_VERBOSE"
+# Set by the wrapper for its program: "<fd of unfiltered stderr>:<the
+# variables the wrapper set, comma-separated>".
+_WRAPPER_VARIABLE = "MPISTRATEGY_QUIET_WRAPPER"
 
 # In order of preference: SLURM_PROCID last, because mpirun inside a Slurm
 # allocation leaves the batch step's SLURM_PROCID (0) on every rank.
@@ -193,12 +196,28 @@ def quiet_this_process(environ=None):
   return True
 
 
-def undo_quiet():
-  """Restores what `quiet_this_process` changed (for `Options(verbose=True)`).
+def undo_quiet(environ=None):
+  """Shows later output in full again (for `Options(verbose=True)`).
 
-  TensorFlow's start-up lines cannot be brought back; later warnings and
-  log records are shown again.
+  Restores what `quiet_this_process` changed and, behind `python -m
+  mpistrategy.quiet`, what the wrapper did: stderr goes to the wrapper's
+  own, unfiltered stderr, and the `PYTHONWARNINGS=ignore` it set is taken
+  back.  TensorFlow's start-up lines cannot be brought back.
+
+  Args:
+    environ: The environment; default `os.environ`.
   """
+  environ = os.environ if environ is None else environ
+  wrapper = environ.pop(_WRAPPER_VARIABLE, None)
+  if wrapper is not None:
+    fd, _, set_there = wrapper.partition(":")
+    try:
+      sys.stderr.flush()
+      os.dup2(int(fd), 2)
+    except (ValueError, OSError):
+      pass  # closed by the program, or not from the wrapper: stay filtered
+    if "PYTHONWARNINGS" in set_there.split(","):
+      _drop_ignore_all_filter()
   if "filters" in _changed:
     warnings.filters[:] = _changed.pop("filters")
     warnings._filters_mutated()  # pylint: disable=protected-access
@@ -207,6 +226,16 @@ def undo_quiet():
   environ = _changed.pop("environ", None)
   if environ is not None and environ.get("TF_CPP_MIN_LOG_LEVEL") == "2":
     del environ["TF_CPP_MIN_LOG_LEVEL"]
+
+
+def _drop_ignore_all_filter():
+  """Removes the filter that PYTHONWARNINGS=ignore installed at start-up."""
+  if "ignore" in sys.warnoptions:
+    sys.warnoptions.remove("ignore")
+  ignore_all = ("ignore", None, Warning, None, 0)
+  if ignore_all in warnings.filters:
+    warnings.filters.remove(ignore_all)
+    warnings._filters_mutated()  # pylint: disable=protected-access
 
 
 def _die_with_parent():
@@ -267,8 +296,15 @@ def main(argv=None):
   rank = rank_from_env()
   if rank is None or rank == 0 or verbose_from_env():
     _exec(argv)
+  set_here = [name for name in ("PYTHONWARNINGS", "TF_CPP_MIN_LOG_LEVEL")
+               if name not in os.environ]
   os.environ.setdefault("PYTHONWARNINGS", "ignore")
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  # For `Options(verbose=True)` in the program (undo_quiet): this stderr,
+  # unfiltered, and what was set here.
+  unfiltered = os.dup(2)
+  os.set_inheritable(unfiltered, True)
+  os.environ[_WRAPPER_VARIABLE] = f"{unfiltered}:{','.join(set_here)}"
   read_fd, write_fd = os.pipe()
   pid = os.fork()
   if pid == 0:
@@ -278,6 +314,7 @@ def main(argv=None):
     _die_with_parent()
     _exec(argv)
   os.close(write_fd)
+  os.close(unfiltered)
 
   def forward(signum, unused_frame):
     try:

@@ -56,9 +56,14 @@ _BOOL_FIELDS = ("autotune", "hierarchical_allreduce", "abort_on_exception",
 _ENV_PREFIX = "MPISTRATEGY_"
 
 # MPISTRATEGY_* variables that are not Options fields but are read by other
-# tools (the build, the test runner), so `from_env` must not warn about them.
+# tools (the build, the test runner, the quiet wrapper), so `from_env` must
+# not warn about them.
 _NON_OPTION_VARIABLES = frozenset({
+    "MPISTRATEGY_CUDA",           # setup.py (build the GPU kernels)
+    "MPISTRATEGY_PREBUILT_LIBRARY",  # setup.py
+    "MPISTRATEGY_PREBUILT_CONFIG_LIBRARY",  # setup.py
     "MPISTRATEGY_CUDA_LINK",      # third_party/gpu (Bazel --config=cuda)
+    "MPISTRATEGY_QUIET_WRAPPER",  # python -m mpistrategy.quiet (_output.py)
     "MPISTRATEGY_TEST_TIMEOUT",   # tests/mpirun_pytest.sh
     "MPISTRATEGY_PREEMPTION_SIGNAL",  # mpistrategy/preemption.py
     "MPISTRATEGY_RESTART_COUNT",  # python -m mpistrategy.run --restarts

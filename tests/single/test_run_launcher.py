@@ -865,6 +865,38 @@ def test_quiet_wrapper_keeps_everything_on_rank_0_or_verbose(tmp_path,
   assert "UserWarning: a warning" in result.stderr, result.stderr
 
 
+_VERBOSE_LATER = r"""
+import sys, warnings
+import mpistrategy
+from mpistrategy import _output
+sys.stderr.write("I0000 00:00:1796315091.956375    9843 x.cc:31] before\n")
+warnings.warn("warning before")
+_output.undo_quiet()  # what init(Options(verbose=True)) does
+sys.stderr.write("I0000 00:00:1796315091.956375    9843 x.cc:31] after\n")
+warnings.warn("warning after")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_verbose_options_show_later_output_behind_the_wrapper(tmp_path):
+  # The wrapper filters in its own process and set PYTHONWARNINGS=ignore
+  # before the program started; Options(verbose=True) undoes both.
+  prog = tmp_path / "verbose_later.py"
+  prog.write_text(_VERBOSE_LATER)
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith(("OMPI_", "PMI", "SLURM_", "MPISTRATEGY_",
+                              "PYTHONWARNINGS"))}
+  env["OMPI_COMM_WORLD_RANK"] = "1"
+  result = subprocess.run(
+      [sys.executable, "-m", "mpistrategy.quiet", sys.executable, str(prog)],
+      env=env, capture_output=True, text=True, timeout=60, check=False)
+  assert result.returncode == 0, result
+  assert "before" not in result.stderr, result.stderr
+  assert "x.cc:31] after" in result.stderr, result.stderr
+  assert "UserWarning: warning after" in result.stderr, result.stderr
+  assert "MPISTRATEGY_QUIET_WRAPPER" not in result.stderr, result.stderr
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
 def test_quiet_wrapper_dies_of_the_childs_signal(tmp_path, signum):
