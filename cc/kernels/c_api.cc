@@ -81,22 +81,53 @@ bool IsOpenMpiLauncher(const std::string& comm) {
 // (SIGTERM, then SIGKILL) if it is still there kLauncherGraceSeconds after
 // the abort.  When mpirun ends the job normally, the watcher finds it gone
 // and does nothing.
-void ArmLauncherReaper() {
-  const pid_t launcher = getppid();
+// Reads the command name and parent of `pid` from /proc/<pid>/stat
+// ("pid (comm) state ppid ..."; comm may hold spaces and parentheses).
+bool ReadProcess(pid_t pid, std::string* comm, pid_t* parent) {
   char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%ld/comm",
-                static_cast<long>(launcher));
+  std::snprintf(path, sizeof(path), "/proc/%ld/stat", static_cast<long>(pid));
   std::FILE* file = std::fopen(path, "r");
-  if (file == nullptr) return;
-  char comm[64] = {0};
-  const bool read = std::fgets(comm, sizeof(comm), file) != nullptr;
+  if (file == nullptr) return false;
+  char stat[512] = {0};
+  const size_t n = std::fread(stat, 1, sizeof(stat) - 1, file);
   std::fclose(file);
-  if (!read) return;
-  std::string name(comm);
-  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) {
-    name.pop_back();
+  const std::string line(stat, n);
+  const size_t open = line.find('(');
+  const size_t close = line.rfind(')');
+  if (open == std::string::npos || close == std::string::npos ||
+      close < open) {
+    return false;
   }
-  if (!IsOpenMpiLauncher(name)) return;
+  *comm = line.substr(open + 1, close - open - 1);
+  long ppid = 0;
+  char state = 0;
+  if (std::sscanf(line.c_str() + close + 1, " %c %ld", &state, &ppid) != 2) {
+    return false;
+  }
+  *parent = static_cast<pid_t>(ppid);
+  return true;
+}
+
+// The Open MPI launcher that started this rank: the parent, or a nearer
+// ancestor's parent where the rank runs behind a wrapper (`python -m
+// mpistrategy.quiet`, a shell).  Returns -1 if there is none within
+// kLauncherSearchDepth generations (srun, a user's own supervisor).
+constexpr int kLauncherSearchDepth = 3;
+pid_t FindOpenMpiLauncher(std::string* name) {
+  pid_t pid = getppid();
+  for (int depth = 0; depth < kLauncherSearchDepth && pid > 1; ++depth) {
+    pid_t parent = 0;
+    if (!ReadProcess(pid, name, &parent)) return -1;
+    if (IsOpenMpiLauncher(*name)) return pid;
+    pid = parent;
+  }
+  return -1;
+}
+
+void ArmLauncherReaper() {
+  std::string name;
+  const pid_t launcher = FindOpenMpiLauncher(&name);
+  if (launcher <= 1) return;
   char note[256];
   const int note_length = std::snprintf(
       note, sizeof(note),

@@ -309,14 +309,15 @@ def mpirun_job(cluster):
   """`mpirun_job(script_args, hosts=..., np=4, env=None, timeout=150)`.
 
   Starts `mpirun -H hosts -np np python mh_rank.py script_args` on hosta
-  (or `program script_args`, `program` a list, instead of the script),
+  (`wrapper`, a list, before `python`; or `program script_args`, `program`
+  a list, instead of the script),
   under `timeout`, and returns a `LiveJob` (whose hard limit is a few
   seconds more, so that a hung `timeout` cannot block the test either).
   """
   jobs = []
 
   def start(script_args, hosts="hosta:2,hostb:2", np=4, env=None,
-            timeout=150, program=None):
+            timeout=150, program=None, wrapper=()):
     env = _job_env(cluster, env)
     marker = f"mpistrategy-multihost-{uuid.uuid4().hex[:12]}"
     argv = ["timeout", "-k", "5", str(timeout), MPIRUN, "-H", hosts]
@@ -324,7 +325,7 @@ def mpirun_job(cluster):
       argv += ["-np", str(np)]
     argv += [*cluster.mpirun_flags(), "--tag-output", *_forwarded(env)]
     if program is None:
-      argv += [PYTHON, SCRIPT, f"--marker={marker}", *script_args]
+      argv += [*wrapper, PYTHON, SCRIPT, f"--marker={marker}", *script_args]
     else:
       argv += [*program, *script_args]
     job = LiveJob(cluster, argv, env, hard_timeout=timeout + 10)

@@ -29,6 +29,7 @@ import time
 
 import pytest
 
+from conftest import PYTHON
 from conftest import describe_hosts
 from conftest import rank_pids
 from conftest import record
@@ -43,9 +44,12 @@ KILL_LIMIT = 10.0          # kill -9: job over and hosts empty within this
 START_TIMEOUT = 240
 GRACE = 5.0                # hard kill this long after a limit was missed
 TRAIN_SECONDS = 60.0       # long enough that no fault lands after the end
+# The launcher's wrapper of every rank; -P: the installed mpistrategy.
+QUIET = (PYTHON, "-P", "-m", "mpistrategy.quiet")
 
 
-def _start(mpirun_job, seconds=TRAIN_SECONDS, env=None, hosts=None):
+def _start(mpirun_job, seconds=TRAIN_SECONDS, env=None, hosts=None,
+           wrapper=()):
   """Starts training on `hosts` (default hosta:2,hostb:2)."""
   env = dict({"MPISTRATEGY_PEER_TIMEOUT_SECONDS": str(PEER_TIMEOUT)},
              **(env or {}))
@@ -53,7 +57,8 @@ def _start(mpirun_job, seconds=TRAIN_SECONDS, env=None, hosts=None):
   size = sum(int(h.split(":")[1]) for h in hosts.split(","))
   job = mpirun_job(["--part", "train", "--seconds", str(seconds)], env=env,
                    hosts=hosts, np=size,
-                   timeout=START_TIMEOUT + int(seconds) + 60)
+                   timeout=START_TIMEOUT + int(seconds) + 60,
+                   wrapper=wrapper)
   if not job.wait_for("PROGRESS", range(size), START_TIMEOUT):
     job.kill()
     job.wait()
@@ -132,9 +137,15 @@ def test_kill_9_of_a_rank_on_the_second_host(mpirun_job, cluster):
 
 
 @pytest.mark.timeout(START_TIMEOUT + 120)
-def test_link_down_mid_training(mpirun_job, cluster):
-  """hostb's link goes down for good: both sides stop by the deadline."""
-  job = _start(mpirun_job)
+@pytest.mark.parametrize("wrapper", [(), QUIET], ids=["plain", "quiet"])
+def test_link_down_mid_training(mpirun_job, cluster, wrapper):
+  """hostb's link goes down for good: both sides stop by the deadline.
+
+  Also with every rank behind `python -m mpistrategy.quiet` (what the
+  launcher does): the cut-off host's orted is then the ranks' grandparent,
+  and must still be ended.
+  """
+  job = _start(mpirun_job, wrapper=wrapper)
   pids = rank_pids(job)
   fault = time.time()
   cluster.set_link("hostb", False)
