@@ -399,6 +399,13 @@ def patch_backup_and_restore():
     self._mpistrategy_done = 0  # pylint: disable=protected-access
     self._mpistrategy_steps = 0  # pylint: disable=protected-access
     skip = self._mpistrategy_resume_batches  # pylint: disable=protected-access
+    steps = (self.params or {}).get("steps")
+    if skip > 0 and steps and skip >= steps:
+      # Saved after the epoch's last batch, before its end: resume at the
+      # next epoch (skipping every batch would end this one with no logs).
+      model._initial_epoch = (model._initial_epoch or 0) + 1  # pylint: disable=protected-access
+      self._current_epoch = model._initial_epoch  # pylint: disable=protected-access
+      skip = 0
     if skip > 0:
       if getattr(model, "steps_per_execution", 1) == 1:
         _skip_batches(model, skip)

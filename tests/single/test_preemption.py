@@ -78,6 +78,50 @@ def test_fit_saves_on_sigterm_and_resumes_at_the_next_batch(tmp_path):
                                 reference.get_weights()[0])
 
 
+class _RaiseAtEpoch(keras.callbacks.Callback):
+
+  def on_epoch_begin(self, epoch, logs=None):
+    if epoch == 1:
+      raise RuntimeError("crash at the start of epoch 1")
+
+
+class _Logs(keras.callbacks.Callback):
+
+  def on_epoch_end(self, epoch, logs=None):
+    self.seen = getattr(self, "seen", []) + [(epoch, dict(logs or {}))]
+
+
+def test_backup_of_an_epochs_last_batch_resumes_at_the_next_epoch(tmp_path):
+  # save_freq=8 with 8 batches an epoch: the backup is taken after the
+  # epoch's last batch, before its end.  Every batch of that epoch is done,
+  # so the resume starts at the next epoch, not at an epoch of no batches
+  # and no logs.
+  strategy = mpistrategy.MPIStrategy()
+  x, y = _data()
+  backup = str(tmp_path / "backup")
+  fit = dict(x=x, y=y, batch_size=8, epochs=3, shuffle=False, verbose=0)
+  model = _model(strategy)
+  with pytest.raises(RuntimeError, match="crash at the start of epoch 1"):
+    model.fit(**fit, callbacks=[keras.callbacks.BackupAndRestore(
+        backup, save_freq=8), _RaiseAtEpoch()])
+  with open(os.path.join(backup, "training_metadata.json")) as f:
+    meta = json.load(f)
+  assert (meta["epoch"], meta["mpistrategy_batches_done"]) == (0, 8), meta
+
+  resumed = _model(strategy)
+  logs = _Logs()
+  history = resumed.fit(**fit, callbacks=[
+      keras.callbacks.BackupAndRestore(backup, save_freq=8), logs])
+  assert history.epoch == [1, 2], history.epoch
+  assert [epoch for epoch, _ in logs.seen] == [1, 2]
+  assert all("loss" in epoch_logs for _, epoch_logs in logs.seen), logs.seen
+  assert int(resumed.optimizer.iterations.numpy()) == 24
+  reference = _model(strategy)
+  reference.fit(**fit)
+  np.testing.assert_array_equal(resumed.get_weights()[0],
+                                reference.get_weights()[0])
+
+
 class _RaiseAt(keras.callbacks.Callback):
 
   def on_train_batch_end(self, batch, logs=None):
