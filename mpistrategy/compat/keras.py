@@ -78,6 +78,8 @@ multi-process `MPIStrategy`, so single-process code is unaffected.
    `distribute_datasets_from_function`.
 """
 
+import re
+
 import tensorflow as tf
 
 from mpistrategy import _tf_private as _tfp
@@ -291,6 +293,22 @@ def _rule_note(entry, rank):
           "see the stall message above for the ranks that were missing.")
 
 
+# The engine's error where another rank's uncaught exception stopped the
+# job (runtime._abort_on_exception): "... stopped: rank 2 (host h, pid p)
+# raised RuntimeError: ...", unless that exception was itself a stall
+# timeout or abort of a collective.
+_PEER_RAISED = re.compile(r"stopped: rank \d+ (\([^)]*\) )?raised "
+                          r"(?!DeadlineExceededError|AbortedError)")
+
+
+def _peer_raised(error):
+  """True where `error` only reports another rank's own exception.
+
+  Not a broken rule then: every rank made the same calls until one raised.
+  """
+  return bool(_PEER_RAISED.search(getattr(error, "message", "") or ""))
+
+
 def patch_entry_points(rank):
   from mpistrategy.ops import _naming
   for module_name, class_name, label, methods in _ENTRY_POINTS:
@@ -309,7 +327,7 @@ def patch_entry_points(rank):
           except (tf.errors.DeadlineExceededError,
                   tf.errors.AbortedError) as e:
             if outermost and _world_size() > 1 and not getattr(
-                e, "_mpistrategy_noted", False):
+                e, "_mpistrategy_noted", False) and not _peer_raised(e):
               e._mpistrategy_noted = True  # pylint: disable=protected-access
               e.add_note(_rule_note(__entry, rank))
             raise

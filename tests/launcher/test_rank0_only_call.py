@@ -51,3 +51,19 @@ def test_rank_0_only_evaluate_while_the_others_exit(launch):
   job = launch("rank0_only_call.py", np=2, timeout=200, env=ENV,
                args=["--call", "evaluate", "--others", "exit"])
   _check(job, "evaluate")
+
+
+@pytest.mark.timeout(240)
+def test_another_ranks_exception_in_fit_is_no_broken_rule(launch):
+  # Every rank called fit; rank 1 raised in it.  Rank 0's error reports
+  # rank 1's exception, without the note about calls made on some ranks
+  # only (nor its "see the stall message above": there is none).
+  job = launch("rank0_only_call.py", np=2, timeout=200, env=ENV,
+               args=["--others", "raise"])
+  assert not job.timed_out, job.describe()
+  assert job.returncode != 0, job.describe()
+  error = job.event("ERROR", 0).text
+  assert "raised RuntimeError: deliberate failure on a rank > 0" in error, \
+      job.describe()
+  assert "Every rank must make the same" not in error, job.describe()
+  job.assert_no_leftovers()

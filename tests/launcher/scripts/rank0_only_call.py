@@ -5,7 +5,9 @@ All ranks build and fit a small model together; then rank 0 alone calls
 with `--others barrier` they wait in `ops.barrier(name="after_call")`, with
 `--others exit` they end the script.  Expected: rank 0's call fails (stall
 timeout or the others' shutdown) with a message naming the Keras call;
-the job ends.
+the job ends.  With `--others raise` every rank calls `fit` again and the
+ranks > 0 raise from a callback in it: rank 0's error then reports their
+exception, and no broken rule.
 
 Events: PID, FITTED, CALL (rank 0, before the call), ERROR (rank 0: the
 exception with its notes), OTHER_ERROR, UNEXPECTED_OK.
@@ -19,7 +21,8 @@ import _rankio as io
 p = io.parser(__doc__)
 p.add_argument("--call", choices=("evaluate", "predict", "save"),
                default="evaluate")
-p.add_argument("--others", choices=("barrier", "exit"), default="barrier")
+p.add_argument("--others", choices=("barrier", "exit", "raise"),
+               default="barrier")
 p.add_argument("--save-dir", default="/tmp")
 args = p.parse_args()
 
@@ -42,7 +45,25 @@ with strategy.scope():
 model.fit(x, y, batch_size=16, epochs=1, verbose=0)
 io.emit("FITTED")
 
-if rank == 0:
+
+
+class _RaiseOnOthers(keras.callbacks.Callback):
+
+  def on_train_batch_end(self, batch, logs=None):
+    if rank > 0 and batch == 1:
+      raise RuntimeError("deliberate failure on a rank > 0")
+
+
+if args.others == "raise":
+  io.emit("CALL", "fit")
+  try:
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0,
+              callbacks=[_RaiseOnOthers()])
+    io.emit("UNEXPECTED_OK")
+  except (tf.errors.DeadlineExceededError, tf.errors.AbortedError) as e:
+    io.emit("ERROR", "".join(traceback.format_exception_only(e)))
+    raise
+elif rank == 0:
   io.emit("CALL", args.call)
   try:
     if args.call == "evaluate":
