@@ -94,6 +94,32 @@ def test_broadcast_callback_makes_every_rank_equal():
       [np.asarray(v.numpy()) for v in opt.variables])
 
 
+def test_broadcast_callback_keeps_local_variables():
+  # Horovod 0.28's local_variables (and register_local_var): those keep
+  # each rank's own value, the rest take rank 0's.
+  def layer(value):
+    init = keras.initializers.Constant(value)
+    return keras.layers.Dense(3, kernel_initializer=init,
+                              bias_initializer=init, trainable=False)
+
+  model = keras.Sequential([keras.Input((3,)), layer(RANK), layer(RANK),
+                            layer(RANK)])
+  model.compile(loss="mse")
+  first, second, third = model.layers
+  callback = hvd.callbacks.BroadcastGlobalVariablesCallback(
+      0, local_variables=list(first.variables))
+  callback.register_local_var(third.kernel)
+  model.fit(np.ones((1, 3)), np.ones((1, 3)), callbacks=[callback],
+            verbose=0)
+  assert float(first.kernel.numpy()[0, 0]) == RANK
+  assert float(first.bias.numpy()[0]) == RANK
+  assert float(second.kernel.numpy()[0, 0]) == 0
+  assert float(third.kernel.numpy()[0, 0]) == RANK
+  assert float(third.bias.numpy()[0]) == 0
+  with pytest.raises(ValueError, match="local_variables"):
+    hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=[1.0])
+
+
 def test_backward_passes_per_step_in_fit():
   x, y, local_x, local_y = _data()
   model = _model(seed=1)

@@ -41,6 +41,14 @@ def run(mode, fn, *args):
 # --- process control ---------------------------------------------------------
 
 
+def test_init_in_a_tf1_graph():
+  # Horovod's tests call init() under tf.Graph().as_default() and after
+  # disable_eager_execution(); the topology needs no TF op.
+  with tf.Graph().as_default():
+    hvd.init()
+    assert (hvd.rank(), hvd.size(), hvd.cross_size()) == (RANK, SIZE, 1)
+
+
 def test_rank_size_and_topology():
   assert hvd.is_initialized()
   assert (hvd.rank(), hvd.size()) == (RANK, SIZE)
@@ -182,9 +190,39 @@ def test_allreduce_indexed_slices_allgathers(op):
   np.testing.assert_allclose(dense, want / (SIZE if op == hvd.Average else 1))
 
 
-def test_allreduce_indexed_slices_refuses_min():
+def test_allreduce_indexed_slices_refuses_min_and_scaling():
   with pytest.raises(NotImplementedError, match="IndexedSlices"):
     hvd.allreduce(_slices(RANK), op=hvd.Min)
+  # Horovod refuses these rather than ignore them.
+  for kwargs in ({"prescale_factor": 2.0}, {"postscale_factor": 0.5}):
+    with pytest.raises(NotImplementedError, match="postscale_factor"):
+      hvd.allreduce(_slices(RANK), **kwargs)
+    with pytest.raises(NotImplementedError, match="postscale_factor"):
+      hvd.grouped_allreduce([_slices(RANK)], **kwargs)
+
+
+def test_allreduce_indexed_slices_average_of_integers():
+  # As Horovod: values / size, a true division (float64 for int32), so that
+  # the dense view is the mean of the ranks' dense tensors.
+  ones = tf.IndexedSlices(tf.constant([1], tf.int32),
+                          tf.constant([0], tf.int64),
+                          tf.constant([4], tf.int64))
+  out = hvd.allreduce(ones, op=hvd.Average)
+  assert out.values.dtype == tf.float64
+  np.testing.assert_allclose(tf.convert_to_tensor(out).numpy(),
+                             [1.0, 0.0, 0.0, 0.0])
+
+
+def test_fp16_scaling_in_float32():
+  # Horovod scales 16-bit floats in float32: one rounding, not two.
+  x = tf.constant(np.linspace(-3, 3, 289), tf.float16)
+  out = hvd.allreduce(x, op=hvd.Sum, prescale_factor=1.0 / 3,
+                      postscale_factor=0.7)
+  want = (x.numpy().astype(np.float32) * np.float32(1.0 / 3)).astype(
+      np.float16).astype(np.float32) * SIZE
+  want = (want.astype(np.float16).astype(np.float32) *
+          np.float32(0.7)).astype(np.float16)
+  np.testing.assert_array_equal(out.numpy(), want)
 
 
 def test_allreduce_refuses_adasum_process_sets_devices():
@@ -255,6 +293,18 @@ def test_broadcast_in_place():
   assert int(single[0]) == 0 and int(c[0]) == 0
 
 
+def test_broadcast_in_place_in_a_tf1_session():
+  # Horovod's test_horovod_broadcast_inplace_cpu, graph half: running the
+  # returned tensors assigns the variables.
+  with tf.Graph().as_default():
+    v = tf.compat.v1.Variable([float(RANK)] * 2, use_resource=True)
+    values = hvd.broadcast_([v], root_rank=SIZE - 1)
+    with tf.compat.v1.Session() as session:
+      session.run(v.initializer)
+      np.testing.assert_array_equal(session.run(values)[0], [SIZE - 1.0] * 2)
+      np.testing.assert_array_equal(session.run(v), [SIZE - 1.0] * 2)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_broadcast_variables(mode):
   vs = [tf.Variable(tf.fill([2, 3], float(RANK))),
@@ -294,9 +344,38 @@ def test_alltoall_returns_received_splits(mode):
   np.testing.assert_array_equal(out.numpy(), want)
   assert received.dtype == tf.int32
   np.testing.assert_array_equal(received.numpy(), [RANK + 1] * SIZE)
-  even, even_splits = hvd.alltoall(tf.fill([SIZE], RANK))
+  # Without splits Horovod returns the tensor alone.
+  even = run(mode, hvd.alltoall, tf.fill([SIZE], RANK))
+  assert isinstance(even, tf.Tensor)
   np.testing.assert_array_equal(even.numpy(), np.arange(SIZE))
-  np.testing.assert_array_equal(even_splits.numpy(), [1] * SIZE)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gradients_of_collectives_are_horovods(mode):
+  # Horovod's gradient functions (horovod/tensorflow/mpi_ops.py): allgather
+  # and broadcast average the upstream gradients, reducescatter multiplies
+  # them by the size (Sum) or passes them on (Average); loss = sum(output)
+  # on every rank.
+  def grads(x):
+    with tf.GradientTape(persistent=True) as tape:
+      tape.watch(x)
+      rows = tf.tile(x, [SIZE])  # x appears SIZE times in the input
+      outs = [hvd.allgather(x), hvd.grouped_allgather([x])[0],
+              hvd.broadcast(x, root_rank=0),
+              hvd.reducescatter(rows, op=hvd.Sum),
+              hvd.reducescatter(rows, op=hvd.Average),
+              hvd.grouped_reducescatter([rows], op=hvd.Sum)[0]]
+      losses = [tf.reduce_sum(o) for o in outs]
+    return [tape.gradient(loss, x) for loss in losses]
+
+  got = [g.numpy() for g in run(mode, grads, tf.ones([2]))]
+  ones = np.ones(2, np.float32)
+  np.testing.assert_allclose(got[0], ones)   # the mean over ranks of 1
+  np.testing.assert_allclose(got[1], ones)
+  np.testing.assert_allclose(got[2], ones if RANK == 0 else 0 * ones)
+  np.testing.assert_allclose(got[3], SIZE * SIZE * ones)
+  np.testing.assert_allclose(got[4], SIZE * ones)
+  np.testing.assert_allclose(got[5], SIZE * SIZE * ones)
 
 
 def _block(rank, n):

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 import mpistrategy
 from mpistrategy import ops
+from mpistrategy import runtime
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank",
@@ -186,21 +187,21 @@ def init(comm=None, process_sets=None):
 
 
 def _exchange_topology():
-  """Allgathers every rank's local rank/size: cross rank/size, homogeneity.
+  """Cross rank/size and homogeneity from every rank's host.
 
   Horovod's cross communicator joins the ranks of equal local rank (one per
-  host); a rank's cross rank is its index among them by world rank.
+  host); a rank's cross rank is its index among them by world rank.  The
+  hosts come from the engines' start-up exchange (`runtime.rank_hosts`),
+  so no collective runs here and `init` works in a TF1 graph too.
   """
-  local = tf.constant([[mpistrategy.local_rank(), mpistrategy.local_size()]],
-                      tf.int32)
-  table = ops.allgather(local, name="mpistrategy.horovod.init").numpy()
-  my_local_rank = int(local[0, 0])
+  hosts = runtime.rank_hosts()
+  local_ranks = [hosts[:r].count(host) for r, host in enumerate(hosts)]
   me = mpistrategy.rank()
-  peers = [r for r in range(len(table)) if table[r, 0] == my_local_rank]
+  peers = [r for r in range(len(hosts)) if local_ranks[r] == local_ranks[me]]
   with _topology.lock:
     _topology.cross_rank = peers.index(me)
     _topology.cross_size = len(peers)
-    _topology.homogeneous = len(set(int(s) for s in table[:, 1])) == 1
+    _topology.homogeneous = len({hosts.count(h) for h in hosts}) == 1
 
 
 def shutdown():

@@ -109,10 +109,13 @@ def _compression(compression, fn):
 
 
 def _scale(tensor, factor):
-  """`tensor * factor` in the tensor's dtype (integers: in double, truncated,
-  as Horovod scales)."""
+  """`tensor * factor` as Horovod scales: 16-bit floats in float32, integers
+  in double (truncated), other floats in their own dtype."""
   if isinstance(factor, (int, float)) and factor == 1:
     return tensor
+  if tensor.dtype in (tf.float16, tf.bfloat16):
+    scaled = tf.cast(tensor, tf.float32) * tf.cast(factor, tf.float32)
+    return tf.cast(scaled, tensor.dtype)
   if tensor.dtype in _FLOATS:
     return tensor * tf.cast(factor, tensor.dtype)
   scaled = tf.cast(tensor, tf.float64) * tf.cast(factor, tf.float64)
@@ -126,21 +129,48 @@ def _divide_by_size(tensor):
   return tf.truncatediv(tensor, tf.cast(world, tensor.dtype))
 
 
+def _horovod_gradient(tensor, factor):
+  """`tensor`, whose gradient is scaled by `factor` on its way back.
+
+  mpistrategy.ops' gradients sum every rank's upstream gradient (every
+  rank's loss counts).  Horovod's average it for allgather and broadcast
+  (factor 1 / size) and multiply it by the size for reducescatter (factor
+  size); scaling the upstream gradient gives Horovod's.
+  """
+  if not tensor.dtype.is_floating and not tensor.dtype.is_complex:
+    return tensor  # no gradient flows
+
+  @tf.custom_gradient
+  def scaled(x):
+    def grad(upstream):
+      return upstream * tf.cast(factor, upstream.dtype)
+    return tf.identity(x), grad
+
+  return scaled(tensor)
+
+
 def _sub_name(name, suffix):
   return None if name is None else f"{name}/{suffix}"
 
 
-def _allreduce_indexed_slices(slices, op, name, fn):
+def _allreduce_indexed_slices(slices, op, prescale, postscale, name, fn):
   if op not in (Average, Sum):
     raise NotImplementedError(
         f"{fn}: only hvd.Sum and hvd.Average are supported for "
         "tf.IndexedSlices (as in Horovod); pass a dense tensor for "
         f"{op.name.title()}")
+  if prescale != 1 or postscale != 1:
+    raise NotImplementedError(
+        f"{fn}: prescale_factor and postscale_factor are not supported for "
+        "tf.IndexedSlices (as in Horovod); scale the values yourself")
   values = ops.allgather(slices.values, name=_sub_name(name, "values"))
   indices = ops.allgather(slices.indices, name=_sub_name(name, "indices"))
   if op == Average:
-    values = _divide_by_size(values)
-  return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+    # As Horovod: a true division, so integer values become floats and
+    # duplicate indices still add up to their mean.
+    values = values / tf.cast(basics.size(), values.dtype)
+  return tf.IndexedSlices(_horovod_gradient(values, 1 / basics.size()),
+                          indices, dense_shape=slices.dense_shape)
 
 
 def _reduce_dense_group(tensors, op, compression, prescale, postscale, name,
@@ -214,7 +244,8 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
   op = _resolve_op(op, average, fn)
   compression = _compression(compression, fn)
   if isinstance(tensor, tf.IndexedSlices):
-    return _allreduce_indexed_slices(tensor, op, name, fn)
+    return _allreduce_indexed_slices(tensor, op, prescale_factor,
+                                     postscale_factor, name, fn)
   return _reduce_dense_group([tensor], op, compression, prescale_factor,
                              postscale_factor, name, fn)[0]
 
@@ -247,8 +278,9 @@ def grouped_allreduce(tensors, average=None, device_dense="",
            if not isinstance(t, tf.IndexedSlices)]
   for i, t in enumerate(tensors):
     if isinstance(t, tf.IndexedSlices):
-      results[i] = _allreduce_indexed_slices(t, op, _sub_name(name, str(i)),
-                                             fn)
+      results[i] = _allreduce_indexed_slices(
+          t, op, prescale_factor, postscale_factor, _sub_name(name, str(i)),
+          fn)
   if dense:
     reduced = _reduce_dense_group([tensors[i] for i in dense], op,
                                   compression, prescale_factor,
@@ -266,7 +298,8 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
   del ignore_name_scope
   basics.check_initialized()
   basics.check_process_set(process_set, "hvd.allgather")
-  return ops.allgather(tensor, name=name)
+  return _horovod_gradient(ops.allgather(tensor, name=name),
+                           1 / basics.size())
 
 
 def grouped_allgather(tensors, name=None, ignore_name_scope=False,
@@ -278,7 +311,8 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
   if not isinstance(tensors, (list, tuple)):
     raise TypeError("hvd.grouped_allgather: `tensors` must be a list or "
                     f"tuple, got {type(tensors).__name__}")
-  return [ops.allgather(t, name=_sub_name(name, str(i)))
+  return [_horovod_gradient(ops.allgather(t, name=_sub_name(name, str(i))),
+                            1 / basics.size())
           for i, t in enumerate(tensors)]
 
 
@@ -288,7 +322,9 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
   del ignore_name_scope
   basics.check_initialized()
   basics.check_process_set(process_set, "hvd.broadcast")
-  return ops.broadcast(tensor, root_rank=root_rank, name=name)
+  return _horovod_gradient(
+      ops.broadcast(tensor, root_rank=root_rank, name=name),
+      1 / basics.size())
 
 
 def broadcast_(variables, root_rank, name=None, process_set=None):
@@ -316,8 +352,10 @@ def broadcast_(variables, root_rank, name=None, process_set=None):
   for i, v in enumerate(variables):
     value = ops.broadcast(v, root_rank=root_rank,
                           name=_sub_name(name, str(i)))
-    v.assign(value)
-    values.append(value)
+    # The control dependency runs the assignment in a TF1 graph too, where
+    # the caller runs only the returned tensors.
+    with tf.control_dependencies([v.assign(value)]):
+      values.append(tf.identity(value))
   return values[0] if single else values
 
 
@@ -424,13 +462,16 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
     process_set: only the global process set.
 
   Returns:
-    `(received, received_splits)`: the rows from every rank in rank order,
-    and how many came from each (int32), as Horovod returns them.
+    The rows from every rank in rank order; with `splits` given, as
+    Horovod, `(received, received_splits)`, the second how many rows came
+    from each rank (int32).
   """
   del ignore_name_scope
   basics.check_initialized()
   basics.check_process_set(process_set, "hvd.alltoall")
   received, received_splits = ops.alltoall(tensor, splits=splits, name=name)
+  if splits is None:
+    return received
   return received, tf.cast(received_splits, tf.int32)
 
 
@@ -490,7 +531,8 @@ def _reducescatter_list(tensors, device_dense, compression, op, process_set,
     part = ops.reducescatter(
         wire, op=Sum if int_average else op,
         name=name if len(tensors) == 1 else _sub_name(name, str(i)))
-    part = compression.decompress(part, ctx)
+    part = _horovod_gradient(compression.decompress(part, ctx),
+                             basics.size())
     if int_average:
       part = _divide_by_size(part)
     out.append(_scale(part, postscale_factor))

@@ -41,23 +41,52 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
   Args:
     root_rank: the rank whose values every rank takes.
     device: must be empty.
+    local_variables: a variable or a collection of variables that keep
+      each rank's own value (Horovod 0.28); `register_local_var` adds more.
+
+  Raises:
+    ValueError: an entry of `local_variables` is not a variable.
   """
 
-  def __init__(self, root_rank, device=""):
+  def __init__(self, root_rank, device="", local_variables=None):
     super().__init__()
     _check_device(device, "BroadcastGlobalVariablesCallback")
     self.root_rank = root_rank
     self.broadcast_done = False
+    self._local_ids = set()
+    if local_variables is None:
+      local_variables = []
+    elif _is_variable(local_variables):
+      local_variables = [local_variables]
+    local_variables = list(local_variables)
+    if not all(_is_variable(v) for v in local_variables):
+      raise ValueError("BroadcastGlobalVariablesCallback: every entry of "
+                       "`local_variables` must be a variable (tf.Variable "
+                       "or keras.Variable)")
+    for v in local_variables:
+      self.register_local_var(v)
+
+  def register_local_var(self, var):
+    """Keeps `var` out of the broadcast: each rank keeps its own value."""
+    self._local_ids.add(id(var))
+
+  def _shared(self, variables):
+    return [v for v in variables if id(v) not in self._local_ids]
 
   def on_train_batch_end(self, batch, logs=None):
     if self.broadcast_done:
       return
-    functions.broadcast_variables(self.model.variables, self.root_rank)
+    functions.broadcast_variables(self._shared(self.model.variables),
+                                  self.root_rank)
     optimizer = getattr(self.model, "optimizer", None)
     if optimizer is not None:
-      functions.broadcast_variables(list(optimizer.variables),
+      functions.broadcast_variables(self._shared(list(optimizer.variables)),
                                     self.root_rank)
     self.broadcast_done = True
+
+
+def _is_variable(value):
+  return isinstance(value, (tf.Variable, keras.Variable))
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
