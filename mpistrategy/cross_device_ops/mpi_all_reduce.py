@@ -61,8 +61,9 @@ class MPIAllReduce(_tfp.CrossDeviceOps):
     come back as floating point, exactly like
     `tf.distribute.experimental.CommunicationImplementation.RING`.
   * `tf.IndexedSlices` are reduced by all-gathering values and indices.
-  * `broadcast` makes local copies only, like `MultiWorkerMirroredStrategy`:
-    values handed to it are already identical on every process.
+  * `broadcast` sends rank 0's value (`MultiWorkerMirroredStrategy` makes
+    local copies only): the updates of `ONLY_FIRST_REPLICA` variables take
+    the first replica's value on every rank.
   * `compression` (see `mpistrategy.compression`) applies to the all-reduces
     of `batch_reduce` and of `ReplicaContext.all_reduce` -- the path of
     gradients (Keras, optimizers) and of synchronized batch-norm statistics
@@ -287,24 +288,28 @@ class MPIAllReduce(_tfp.CrossDeviceOps):
             for r, (_, d) in zip(reduced, value_destination_pairs)]
 
   def broadcast_implementation(self, tensor, destinations):
-    """Implements `tf.distribute.CrossDeviceOps.broadcast` with local copies.
+    """Implements `tf.distribute.CrossDeviceOps.broadcast`: rank 0's value.
 
-    Like `MultiWorkerMirroredStrategy`, no cross-process traffic: the strategy
-    broadcasts `ONLY_FIRST_REPLICA` variable updates this way, which Keras
-    computes identically on every process (`optimizer.iterations`, the
-    learning rate).  A rank-dependent value assigned to such a variable
-    therefore stays rank-local, as under `MultiWorkerMirroredStrategy`; a
-    broadcast from rank 0 here would cost a collective per optimizer step.
-    Variable *initial* values are broadcast from rank 0 by the strategy
-    itself.
+    The strategy broadcasts the updates of `ONLY_FIRST_REPLICA` variables
+    this way (`values_util.apply_aggregation`): "the first replica" is
+    rank 0's, so every rank assigns rank 0's value.  Local copies alone, as
+    `MultiWorkerMirroredStrategy` makes, would leave each rank with its own
+    replica's value, and the variable would silently differ across ranks
+    wherever that value depends on the rank.  Keras updates
+    `optimizer.iterations` this way once per step: one small broadcast,
+    about 0.15 ms (0.4 %) of a 34 ms step on 2 ranks of the 2-vCPU VM,
+    within the run's noise.
 
     Args:
-      tensor: the `tf.Tensor` to copy.
+      tensor: the `tf.Tensor` to broadcast.
       destinations: devices to copy to.
 
     Returns:
       A `tf.Tensor` or `Mirrored` value.
     """
+    if self._world_size > 1:
+      with tf.name_scope("MPIBroadcast"):
+        tensor = _ops().broadcast(tf.convert_to_tensor(tensor), root_rank=0)
     return _tfp.cross_device_ops_lib.simple_broadcast(
         tensor, destinations, canonicalize_devices=self._canonicalize_devices)
 

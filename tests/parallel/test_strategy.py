@@ -67,6 +67,29 @@ def test_basics(strategy):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("in_function", [False, True])
+@pytest.mark.parametrize("update", ["assign", "assign_add"])
+def test_only_first_replica_takes_rank_0s_value(strategy, in_function,
+                                                update):
+  # MirroredStrategy over N devices gives every replica replica 0's value;
+  # rank r's replica must not keep its own.
+  with strategy.scope():
+    v = tf.Variable(1.0, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+  def step():
+    rid = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group,
+                  tf.float32)
+    getattr(v, update)(rid + 10.0)
+
+  fn = tf.function(lambda: strategy.run(step)) if in_function else (
+      lambda: strategy.run(step))
+  fn()
+  want = 10.0 if update == "assign" else 11.0
+  assert float(v.numpy()) == want
+  assert _same_everywhere([v.numpy()])
+
+
+@pytest.mark.timeout(120)
 def test_variables_are_mirrored_and_broadcast(strategy):
   tf.random.set_seed(100 + R)  # different per rank on purpose
   with strategy.scope():
