@@ -1595,8 +1595,8 @@ Status OpenEngineFiles(const EngineConfig& config, int rank,
     *autotune_log = std::fopen(config.autotune_log.c_str(), "a");
     if (*autotune_log == nullptr) {
       return Status::InvalidArgument(
-          "cannot open the autotune log \"" + config.autotune_log +
-          "\" for appending (EngineConfig::autotune_log)");
+          "Options.autotune_log (MPISTRATEGY_AUTOTUNE_LOG): cannot open the "
+          "autotune log \"" + config.autotune_log + "\" for appending");
     }
     std::fseek(*autotune_log, 0, SEEK_END);
     if (std::ftell(*autotune_log) == 0) {
