@@ -40,6 +40,21 @@ def _model(strategy):
   return model
 
 
+def _fit_setup(tmp_path, epochs):
+  """A strategy, `fit`'s arguments (8 batches an epoch) and a backup dir."""
+  strategy = mpistrategy.MPIStrategy()
+  x, y = _data()
+  fit = dict(x=x, y=y, batch_size=8, epochs=epochs, shuffle=False, verbose=0)
+  return strategy, fit, str(tmp_path / "backup")
+
+
+def _assert_as_uninterrupted(strategy, fit, resumed):
+  reference = _model(strategy)
+  reference.fit(**fit)
+  np.testing.assert_array_equal(resumed.get_weights()[0],
+                                reference.get_weights()[0])
+
+
 class _SignalAt(keras.callbacks.Callback):
 
   def __init__(self, step):
@@ -52,10 +67,7 @@ class _SignalAt(keras.callbacks.Callback):
 
 
 def test_fit_saves_on_sigterm_and_resumes_at_the_next_batch(tmp_path):
-  strategy = mpistrategy.MPIStrategy()
-  x, y = _data()
-  backup = str(tmp_path / "backup")
-  fit = dict(x=x, y=y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+  strategy, fit, backup = _fit_setup(tmp_path, epochs=2)
   model = _model(strategy)
   before = signal.getsignal(signal.SIGTERM)
   with pytest.raises(SystemExit) as stop:
@@ -72,10 +84,7 @@ def test_fit_saves_on_sigterm_and_resumes_at_the_next_batch(tmp_path):
   resumed.fit(**fit, callbacks=[keras.callbacks.BackupAndRestore(backup)])
   assert int(resumed.optimizer.iterations.numpy()) == 16  # 11 + 5, no redo
   assert signal.getsignal(signal.SIGTERM) is before  # restored after fit
-  reference = _model(strategy)
-  reference.fit(**fit)
-  np.testing.assert_array_equal(resumed.get_weights()[0],
-                                reference.get_weights()[0])
+  _assert_as_uninterrupted(strategy, fit, resumed)
 
 
 class _RaiseAtEpoch(keras.callbacks.Callback):
@@ -96,10 +105,7 @@ def test_backup_of_an_epochs_last_batch_resumes_at_the_next_epoch(tmp_path):
   # epoch's last batch, before its end.  Every batch of that epoch is done,
   # so the resume starts at the next epoch, not at an epoch of no batches
   # and no logs.
-  strategy = mpistrategy.MPIStrategy()
-  x, y = _data()
-  backup = str(tmp_path / "backup")
-  fit = dict(x=x, y=y, batch_size=8, epochs=3, shuffle=False, verbose=0)
+  strategy, fit, backup = _fit_setup(tmp_path, epochs=3)
   model = _model(strategy)
   with pytest.raises(RuntimeError, match="crash at the start of epoch 1"):
     model.fit(**fit, callbacks=[keras.callbacks.BackupAndRestore(
@@ -116,10 +122,7 @@ def test_backup_of_an_epochs_last_batch_resumes_at_the_next_epoch(tmp_path):
   assert [epoch for epoch, _ in logs.seen] == [1, 2]
   assert all("loss" in epoch_logs for _, epoch_logs in logs.seen), logs.seen
   assert int(resumed.optimizer.iterations.numpy()) == 24
-  reference = _model(strategy)
-  reference.fit(**fit)
-  np.testing.assert_array_equal(resumed.get_weights()[0],
-                                reference.get_weights()[0])
+  _assert_as_uninterrupted(strategy, fit, resumed)
 
 
 class _RaiseAt(keras.callbacks.Callback):
