@@ -63,12 +63,14 @@ _KERAS_MODULES = {
     "keras_backup_and_restore": "keras.src.callbacks.backup_and_restore",
     "keras_batch_normalization":
         "keras.src.layers.normalization.batch_normalization",
+    "keras_csv_logger": "keras.src.callbacks.csv_logger",
     "keras_file_utils": "keras.src.utils.file_utils",
     "keras_loss_scale_optimizer": "keras.src.optimizers.loss_scale_optimizer",
     "keras_model": "keras.src.models.model",
     "keras_model_checkpoint": "keras.src.callbacks.model_checkpoint",
     "keras_progbar_logger": "keras.src.callbacks.progbar_logger",
     "keras_saving_api": "keras.src.saving.saving_api",
+    "keras_tensorboard": "keras.src.callbacks.tensorboard",
     "keras_tf_dataset_adapter":
         "keras.src.trainers.data_adapters.tf_dataset_adapter",
     "keras_trainer": "keras.src.backend.tensorflow.trainer",

@@ -1049,6 +1049,32 @@ def patch_keras_callbacks():
 
   mc._save_model = mc_save_model  # pylint: disable=protected-access
 
+  # TensorBoard derives every path it writes (event files, the profile,
+  # projector config, embeddings) from log_dir in set_model; CSVLogger
+  # opens its file in on_train_begin.  Ranks > 0 write into their scratch
+  # copies: one set of event files, one profile, one CSV row per epoch.
+  for cls, method, attr in (
+      (_tfp.keras_tensorboard.TensorBoard, "set_model", "log_dir"),
+      (_tfp.keras_csv_logger.CSVLogger, "on_train_begin", "filename")):
+    setattr(cls, method, _writing_to_mirror(getattr(cls, method), attr))
+
+
+def _writing_to_mirror(method, attr):
+  """`method`, run with `self.<attr>` as this rank's mirror of it."""
+
+  def wrapper(self, *args, **kwargs):
+    if not _active() or _is_chief():
+      return method(self, *args, **kwargs)
+    # The user's directories exist on rank 0's side only.
+    os.makedirs(os.path.dirname(mirror_path(getattr(self, attr))),
+                exist_ok=True)
+    with _swapped(self, (attr,)):
+      return method(self, *args, **kwargs)
+
+  wrapper.__doc__ = method.__doc__
+  wrapper.__wrapped__ = method
+  return wrapper
+
 
 def _may_replace(filepath, args, kwargs, overwrite_index=0):
   """False when Keras must see the user's path (its overwrite prompt)."""

@@ -24,7 +24,8 @@ PATCHED_INTERNALS = (
     "keras Progbar (utils.progbar)",
     "keras BatchNormalization.call / _moments",
     "keras Trainer._symbolic_build",
-    "keras ModelCheckpoint / BackupAndRestore file handling",
+    "keras ModelCheckpoint / BackupAndRestore / TensorBoard / CSVLogger "
+    "file handling",
     "keras Model.save / save_weights / export",
     "tf.train.Checkpoint / CheckpointManager file handling",
     "tf saved_model save_and_return_nodes (tf.saved_model.save, Model.export)",

@@ -89,11 +89,13 @@ _PATCHES = (
     # a backup has seen.  Applied before the next entry, which wraps it.
     ("keras.BackupAndRestore.preemption", False,
      lambda rank: preemption.patch_backup_and_restore()),
-    # Keras 3's BackupAndRestore and ModelCheckpoint write on every worker
-    # and resume from each worker's own files (tf.keras 2 had
-    # distributed_file_utils for this).  Removed when Keras 3 writes on the
-    # chief only and resumes every worker from the chief's backup.
-    ("keras.BackupAndRestore+ModelCheckpoint", True,
+    # Keras 3's BackupAndRestore, ModelCheckpoint, TensorBoard and
+    # CSVLogger write on every worker (N event files, N copies of each CSV
+    # row), and BackupAndRestore resumes from each worker's own files
+    # (tf.keras 2 had distributed_file_utils for this).  Removed when Keras
+    # 3 writes on the chief only and resumes every worker from the chief's
+    # backup.
+    ("keras.BackupAndRestore+ModelCheckpoint+TensorBoard+CSVLogger", True,
      lambda rank: checkpoint.patch_keras_callbacks()),
     # Keras 3's Model.save/save_weights/export/load_weights and
     # keras.saving.save_model/load_model: the same, for direct calls.

@@ -206,6 +206,35 @@ def test_backup_and_restore_resumes_everywhere(strategy, workdir):
 
 
 @pytest.mark.timeout(300)
+def test_csv_logger_and_tensorboard_write_once(strategy, workdir):
+  # Every rank runs the same callbacks with the same paths; the files must
+  # be what one process writes (one CSV row per epoch, not N; one set of
+  # event files), as for ModelCheckpoint.
+  x, y = _data()
+  csv = os.path.join(workdir, "log.csv")
+  for _ in range(2):  # append=True: a resumed run adds its rows
+    m = _model(strategy)
+    m.fit(x, y, batch_size=32 * N, epochs=2, verbose=0, callbacks=[
+        keras.callbacks.CSVLogger(csv, append=True)])
+  ops.barrier()
+  with open(csv) as f:
+    lines = f.read().splitlines()
+  assert len(lines) == 1 + 2 * 2 and lines[0].startswith("epoch"), lines
+  assert [l.split(",")[0] for l in lines[1:]] == ["0", "1", "0", "1"], lines
+  # TensorBoard's writers and profile go under the directories set_model
+  # derives from log_dir (tensorboard itself is not a dependency).
+  logs = os.path.join(workdir, "logs")
+  board = keras.callbacks.TensorBoard(logs, write_graph=False)
+  board.set_model(_model(strategy))
+  assert board.log_dir == logs
+  if R == 0:
+    assert board._train_dir == os.path.join(logs, "train")  # pylint: disable=protected-access
+  else:
+    assert board._train_dir == os.path.join(  # pylint: disable=protected-access
+        mpi_checkpoint.mirror_path(logs), "train")
+
+
+@pytest.mark.timeout(300)
 def test_tf_train_checkpoint_with_sync_on_read(strategy, workdir):
   with strategy.scope():
     v = tf.Variable([1.0, 2.0])
