@@ -92,7 +92,9 @@ def _broadcast_gradient(op, grad):
   total = allreduce(_dense(grad), op=Sum)
   if runtime.rank() == op.get_attr("root_rank"):
     return total
-  return tf.zeros_like(total)
+  # Not zeros_like: with a static shape that is a constant, and a TF1
+  # session would prune this rank's allreduce while the root waits in it.
+  return total * tf.zeros([], total.dtype)
 
 
 @tf.RegisterGradient("MpiStrategyReducescatter")

@@ -213,6 +213,31 @@ def test_allreduce_indexed_slices_average_of_integers():
                              [1.0, 0.0, 0.0, 0.0])
 
 
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
+def test_16_bit_average_sums_then_scales_in_float32(dtype):
+  # Horovod's float16 Average: the sum, then times 1/size in float32
+  # (its test_horovod_allreduce_average_cpu asserts this exactly at np 3).
+  x = tf.cast(tf.constant(np.random.RandomState(RANK).uniform(
+      -10, 10, 4000).astype(np.float32)), dtype)
+  total = hvd.allreduce(x, op=hvd.Sum)
+  want = tf.cast(tf.cast(total, tf.float32) * np.float32(1.0 / SIZE), dtype)
+  np.testing.assert_array_equal(hvd.allreduce(x).numpy(), want.numpy())
+  [grouped] = hvd.grouped_allreduce([x])
+  np.testing.assert_array_equal(grouped.numpy(), want.numpy())
+
+
+def test_broadcast_gradient_in_a_tf1_session():
+  # The non-root ranks' gradient must still run the allreduce the root
+  # waits in (a constant zero would be pruned from the session's graph).
+  with tf.Graph().as_default():
+    x = tf.compat.v1.placeholder(tf.float32, [3])
+    y = hvd.broadcast(x, root_rank=0)
+    [grad] = tf.gradients(tf.reduce_sum(y), [x])
+    with tf.compat.v1.Session() as session:
+      got = session.run(grad, {x: np.ones(3, np.float32)})
+  np.testing.assert_allclose(got, [1.0] * 3 if RANK == 0 else [0.0] * 3)
+
+
 def test_fp16_scaling_in_float32():
   # Horovod scales 16-bit floats in float32: one rounding, not two.
   x = tf.constant(np.linspace(-3, 3, 289), tf.float16)

@@ -65,6 +65,7 @@ NoneCompressor = type(compression_lib.Compression.none)
 FP16Compressor = type(compression_lib.Compression.fp16)
 
 _FLOATS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+_HALF = (tf.float16, tf.bfloat16)
 _REDUCE_OPS = (Average, Sum, Min, Max, Product)
 
 
@@ -180,13 +181,15 @@ def _reduce_dense_group(tensors, op, compression, prescale, postscale, name,
   if op == Average and any(t.dtype == tf.bool for t in tensors):
     raise ValueError(f"{fn}: op=hvd.Average is not defined for bool tensors; "
                      "use hvd.Sum (logical or) or hvd.Min (logical and)")
-  # The engine's Average needs floats: integers are summed and divided.
+  # Horovod's Average sums, then scales: integers (truncated) and, in
+  # float32, 16-bit floats; the engine's own 16-bit mean divides first.
   int_average = op == Average and any(t.dtype not in _FLOATS
                                       for t in tensors)
-  wire_op = Sum if int_average else op
-  if int_average:
-    tensors = [t if t.dtype not in _FLOATS else _divide_by_size(t)
-               for t in tensors]
+  half_average = op == Average and any(t.dtype in _HALF for t in tensors)
+  wire_op = Sum if int_average or half_average else op
+  if wire_op != op:
+    tensors = [t if t.dtype not in _FLOATS or t.dtype in _HALF
+               else _divide_by_size(t) for t in tensors]
   compressed = [compression.compress(t) for t in tensors]
   wires = [w for w, _ in compressed]
   if len(wires) == 1:
@@ -196,7 +199,9 @@ def _reduce_dense_group(tensors, op, compression, prescale, postscale, name,
   out = []
   for r, (original, (_, ctx)) in zip(reduced, zip(tensors, compressed)):
     r = compression.decompress(r, ctx)
-    if int_average and original.dtype not in _FLOATS:
+    if wire_op != op and original.dtype in _HALF:
+      r = _scale(r, 1.0 / basics.size())
+    elif int_average and original.dtype not in _FLOATS:
       r = _divide_by_size(r)
     out.append(_scale(r, postscale))
   return out
