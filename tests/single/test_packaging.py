@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import threading
 import warnings
 
 import pytest
@@ -143,3 +144,48 @@ def test_source_list_has_every_kernel_file():
              for f in os.listdir(os.path.join(ROOT, "cc", d))
              if f.endswith(".cc")}
   assert present <= listed, sorted(present - listed)
+
+
+def _setup_module():
+  sys.path.insert(0, ROOT)
+  try:
+    import setup as setup_py  # pylint: disable=import-outside-toplevel
+  finally:
+    sys.path.remove(ROOT)
+  return setup_py
+
+
+def test_sources_compile_in_parallel_and_link_in_order(monkeypatch):
+  """pip compiles the op library's sources at once, objects in source order."""
+  setup_py = _setup_module()
+  monkeypatch.setenv("MAX_JOBS", "3")
+  lock = threading.Lock()
+  running = [0, 0]  # now, most at once
+  three_running = threading.Barrier(3, timeout=30)
+
+  def compile_sources(sources, output_dir=None, **kwargs):
+    assert len(sources) == 1 and output_dir == "tmp", (sources, output_dir)
+    assert kwargs == {"debug": 0}, kwargs
+    with lock:
+      running[0] += 1
+      running[1] = max(running)
+    if sources[0] in ("a.cc", "b.cc", "c.cc"):
+      three_running.wait()  # three compilers at once, or a timeout
+    with lock:
+      running[0] -= 1
+    return [sources[0].replace(".cc", ".o")]
+
+  compile_all = setup_py._compile_in_parallel(compile_sources)  # pylint: disable=protected-access
+  sources = ["a.cc", "b.cc", "c.cc", "d.cc", "e.cc"]
+  assert compile_all(sources, output_dir="tmp", debug=0) == [
+      "a.o", "b.o", "c.o", "d.o", "e.o"]
+  assert running[1] == 3
+
+
+@pytest.mark.parametrize("value", ["0", "two", "-1"])
+def test_bad_max_jobs_is_named(monkeypatch, value):
+  setup_py = _setup_module()
+  monkeypatch.setenv("MAX_JOBS", value)
+  with pytest.raises(SystemExit, match=(
+      f"MAX_JOBS must be a whole number >= 1, got '{value}'")):
+    setup_py._compile_jobs()  # pylint: disable=protected-access
