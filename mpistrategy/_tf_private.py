@@ -65,6 +65,7 @@ _KERAS_MODULES = {
         "keras.src.layers.normalization.batch_normalization",
     "keras_csv_logger": "keras.src.callbacks.csv_logger",
     "keras_file_utils": "keras.src.utils.file_utils",
+    "keras_io_utils": "keras.src.utils.io_utils",
     "keras_loss_scale_optimizer": "keras.src.optimizers.loss_scale_optimizer",
     "keras_model": "keras.src.models.model",
     "keras_model_checkpoint": "keras.src.callbacks.model_checkpoint",

@@ -85,6 +85,7 @@ import stat
 import sys
 import tempfile
 import threading
+import time
 import uuid
 
 import numpy as np
@@ -108,6 +109,24 @@ def _active():
 
 def _is_chief():
   return _STATE["rank"] == 0
+
+
+def _on_chief_host():
+  """True if rank 0 runs on this host, so both see the same directories.
+
+  False where that is unknown (the engine is not running); the caller then
+  assumes separate file systems, as between hosts.
+  """
+  if "on_chief_host" not in _STATE:
+    from mpistrategy import runtime  # pylint: disable=g-import-not-at-top
+    if not runtime.is_initialized():
+      return False
+    try:
+      hosts = runtime.rank_hosts()
+    except tf.errors.OpError:
+      return False
+    _STATE["on_chief_host"] = hosts[0] == hosts[_STATE["rank"]]
+  return _STATE["on_chief_host"]
 
 
 def _scratch_root():
@@ -260,8 +279,10 @@ def _read_path(path):
   Ranks > 0 read their own scratch copy of a path they saved themselves
   (it is complete, unlike a file rank 0 may be replacing, and it exists
   also when each rank saved to a path of its own), as long as the
-  directory the user named for it still exists: after the user deleted
-  that directory, the read fails as it would in one process.
+  directory the user named for it still exists (after the user deleted
+  that directory, the read fails as it would in one process) and the path
+  itself was not written after that copy was begun (rank 0 saved it again
+  alone: every rank reads what is on disk, as in one process).
 
   Args:
     path: the path the user passed to a loader.
@@ -274,17 +295,58 @@ def _read_path(path):
   mirrored = mirror_path(path)
   parent = os.path.dirname(os.path.abspath(os.fspath(path)))
   if (mirrored != os.fspath(path) and os.path.lexists(mirrored) and
-      os.path.isdir(parent)):
+      os.path.isdir(parent) and not _newer(path, mirrored)):
     return mirrored
   return path
 
 
-def _mirror_for_write(path):
-  """`mirror_path(path)` with its parent directory made, for paths only."""
+def _date_copy(mirrored, start_ns):
+  """Dates this rank's copy `mirrored` to when its write began.
+
+  Rank 0 writes the same data at about that time, and `_read_path` reads
+  the file on disk only where rank 0 wrote it after that: a save of its
+  own, later, rather than the same save finishing after this one began.
+  """
+  try:
+    os.utime(mirrored, ns=(start_ns, start_ns), follow_symlinks=False)
+  except (OSError, NotImplementedError):
+    pass  # no copy (a writer that made other names), or no such support
+
+
+def _newer(path, than):
+  """True if `path` exists and was modified after `than`."""
+  try:
+    return os.stat(path).st_mtime_ns > os.stat(than).st_mtime_ns
+  except OSError:
+    return False
+
+
+def _mirror_for_write(path, fresh=False):
+  """`mirror_path(path)`, ready for a write as rank 0 would do it.
+
+  Args:
+    path: the user's path (anything else is returned as it is).
+    fresh: remove an earlier copy first (rank 0 writes a new temporary
+      file or directory and moves it into place).
+
+  Returns:
+    The path to write.
+  """
   if not _active() or _is_chief() or not _is_path(path):
     return path
   mirrored = mirror_path(path)
-  tf.io.gfile.makedirs(os.path.dirname(mirrored))
+  mirror_parent = os.path.dirname(mirrored)
+  user_parent = os.path.dirname(os.path.abspath(os.fspath(path)))
+  if (_is_local(path) and not os.path.isdir(user_parent) and
+      _on_chief_host()):
+    # Rank 0 sees no such directory either: its writer fails (Keras) or
+    # makes it (SavedModel), and this rank's writer must do the same.
+    # Copies under it are of a deleted directory.
+    _remove_quietly(mirror_parent)
+  else:
+    tf.io.gfile.makedirs(mirror_parent)
+  if fresh and os.path.isdir(mirrored) and not os.path.islink(mirrored):
+    shutil.rmtree(mirrored)
   return mirrored
 
 
@@ -312,27 +374,69 @@ def _naming_user_path(path, written):
     raise
 
 
+@contextlib.contextmanager
+def _messages_naming(path, written):
+  """Makes Keras' messages during a write of `written` name `path`.
+
+  `Model.export` and `ModelCheckpoint(verbose=1)` print the path they
+  write ("Saved artifact at ..."); the user named another one.
+
+  Args:
+    path: the path the user gave (None: only this rank's mirrors are named
+      as the user's paths).
+    written: the path this rank actually writes, or None.
+
+  Yields:
+    Nothing.
+  """
+  io_utils = _tfp.keras_io_utils
+  orig_print_msg = io_utils.print_msg
+
+  def print_msg(message, *args, **kwargs):
+    if isinstance(message, str):
+      message = _rename_in_text(message, written, path)
+    return orig_print_msg(message, *args, **kwargs)
+
+  io_utils.print_msg = print_msg
+  try:
+    yield
+  finally:
+    io_utils.print_msg = orig_print_msg
+
+
+def _rename_in_text(text, written, path):
+  """`text` with `written` (and this rank's scratch prefix) read as `path`."""
+  if _is_path(written) and _is_path(path):
+    if os.fspath(written) == os.fspath(path):
+      return text
+    text = text.replace(os.fspath(written), os.fspath(path))
+  root = _STATE["scratch"]
+  if root is not None and not _is_chief():
+    # A mirror is <root>/<absolute path>: derived names (its directory,
+    # a suffixed file) read as the user's absolute path.
+    text = text.replace(root + os.sep, os.sep)
+  return text
+
+
 def _rename_in_error(error, written, path):
   """Replaces `written` (and this rank's scratch prefix) in `error`'s text."""
   if written == path:
     return
-  root = _STATE["scratch"]
 
   def fix(value):
     if not isinstance(value, str):
       return value
-    value = value.replace(written, path)
-    if root is not None and not _is_chief():
-      # A mirror is <root>/<absolute path>: derived names (its directory,
-      # a suffixed file) read as the user's absolute path.
-      value = value.replace(root + os.sep, os.sep)
-    return value
+    return _rename_in_text(value, written, path)
 
   try:
     error.args = tuple(fix(a) for a in error.args)
     if isinstance(error, OSError):
-      error.filename, error.filename2 = (fix(error.filename),
-                                         fix(error.filename2))
+      # str() shows strerror and the file names, not args; a file name set
+      # to None would read "-> None".
+      error.strerror = fix(error.strerror)
+      error.filename = fix(error.filename)
+      if error.filename2 is not None:
+        error.filename2 = fix(error.filename2)
     if isinstance(error, tf.errors.OpError):
       error._message = fix(error._message)  # pylint: disable=protected-access
   except (AttributeError, TypeError):
@@ -342,9 +446,20 @@ def _rename_in_error(error, written, path):
 # ------------------------------------------------------ atomic writes
 
 
-def _temp_sibling(path):
-  """A fresh name next to `path` that ends like it (Keras checks suffixes)."""
+def _temp_sibling(path, like=None):
+  """A fresh name next to `path` that ends like it (Keras checks suffixes).
+
+  Args:
+    path: the path to write.
+    like: the name to end like instead (the user's, where `path` is a
+      symbolic link's target).
+
+  Returns:
+    The new name.
+  """
   directory, base = os.path.split(os.path.abspath(path))
+  if like is not None:
+    base = os.path.basename(os.path.abspath(like))
   return os.path.join(directory, "%s%s-%s" % (_TMP_TAG, uuid.uuid4().hex[:12],
                                                base))
 
@@ -422,8 +537,8 @@ def _move_into_place(tmp, path):
   old_is_dir = os.path.isdir(path) and not os.path.islink(path)
   if not new_is_dir and not old_is_dir:
     os.replace(tmp, path)  # atomic
-  elif new_is_dir and old_is_dir and _exchange(tmp, path):
-    shutil.rmtree(tmp, ignore_errors=True)  # `tmp` now holds the old copy
+  elif new_is_dir and old_is_dir:
+    _replace_entries(tmp, path)
   else:
     # No atomic swap here: move the old one aside for the shortest time.
     old = None
@@ -439,6 +554,25 @@ def _move_into_place(tmp, path):
     if old is not None:
       _remove_quietly(old)
   _fsync(parent, directory=True)
+
+
+def _replace_entries(tmp, path):
+  """Moves the entries of the complete directory `tmp` into directory `path`.
+
+  `path` itself stays: it may hold the user's other files, or be a
+  process' working directory.  Each entry is replaced atomically, a
+  SavedModel's index (`*.pb`, `*.pbtxt`) after its variables and assets;
+  entries of `path` that `tmp` lacks stay, as a plain write leaves them.
+  """
+  names = sorted(os.listdir(tmp),
+                 key=lambda n: (n.endswith((".pb", ".pbtxt")), n))
+  for name in names:
+    new, old = os.path.join(tmp, name), os.path.join(path, name)
+    if not os.path.lexists(old):
+      os.rename(new, old)
+    elif not _exchange(new, old):  # else the old entry is now in `tmp`
+      _move_into_place(new, old)
+  shutil.rmtree(tmp, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -500,30 +634,35 @@ def _copy_tree(source, destination):
     shutil.copyfile(source, destination, follow_symlinks=False)
 
 
-def _write_atomically(path, write, stage=False):
+def _write_atomically(path, write, stage=False, shown=None):
   """Rank 0: `write(tmp)` next to `path`, then moves it into place.
 
   Args:
-    path: the user's local path (file or directory).
+    path: the local path to write (file or directory), symbolic links
+      resolved.
     write: callable taking the path to write; its result is returned.
     stage: write into this process' scratch directory first and copy the
       result next to `path`.  For h5py, which cannot fail cleanly when the
       destination fills up (it reports the error from a destructor and may
       then crash); the copy fails with an ordinary `OSError`.
+    shown: the path the user gave, for errors, messages and the result
+      (default: `path`).
 
   Returns:
-    `write`'s result, with the temporary name replaced by `path`.
+    `write`'s result, with the temporary name replaced by `shown`.
   """
   path = os.fspath(path)
-  tmp = _temp_sibling(path)
+  shown = path if shown is None else os.fspath(shown)
+  tmp = _temp_sibling(path, like=shown)
   staged = None
   if stage:
     staged = os.path.join(_scratch_root(), "stage-" + uuid.uuid4().hex[:12])
     os.makedirs(staged)
-  target = tmp if staged is None else os.path.join(staged,
-                                                   os.path.basename(path))
+  target = tmp if staged is None else os.path.join(
+      staged, os.path.basename(os.path.abspath(shown)))
   try:
-    with _late_errors() as late, _naming_user_path(path, target):
+    with (_late_errors() as late, _naming_user_path(shown, target),
+          _messages_naming(shown, target)):
       result = write(target)
     if late:
       error = _as_os_error(late[0])
@@ -542,7 +681,7 @@ def _write_atomically(path, write, stage=False):
     if staged is not None:
       _remove_quietly(staged)
   if isinstance(result, str) and result.startswith(target):
-    result = path + result[len(target):]
+    result = shown + result[len(target):]
   return result
 
 
@@ -569,13 +708,19 @@ def _write_for_user(path, write, atomic=True, stage=False):
     if not outermost:
       return write(path)
     if not _is_chief():
-      mirrored = _mirror_for_write(path)
-      with _naming_user_path(path, mirrored):
-        return write(mirrored)
-    parent = os.path.dirname(os.path.abspath(os.fspath(path)))
-    if not atomic or not _is_local(path) or not os.path.isdir(parent):
+      mirrored = _mirror_for_write(path, fresh=atomic)
+      start = time.time_ns()
+      with _naming_user_path(path, mirrored), _messages_naming(path, mirrored):
+        result = write(mirrored)
+      _date_copy(mirrored, start)
+      return result
+    if not atomic or not _is_local(path):
       return write(path)  # nothing to protect, or not a local file system
-    return _write_atomically(path, write, stage=stage)
+    # Through symbolic links, as a plain write (and onto ".").
+    real = os.path.realpath(os.fspath(path))
+    if not os.path.isdir(os.path.dirname(real)):
+      return write(path)  # the writer fails, or makes the directories
+    return _write_atomically(real, write, stage=stage, shown=path)
 
 
 def _write_tf_checkpoint_atomically(orig_write, ckpt, prefix, options):
@@ -917,7 +1062,9 @@ def patch_tf_checkpoint():
       mirror = mirror_path(directory)
       state = os.path.join(mirror, latest_filename or "checkpoint")
       if (mirror != directory and os.path.isdir(directory) and
-          os.path.exists(state)):
+          os.path.exists(state) and not _newer(
+              os.path.join(directory, latest_filename or "checkpoint"),
+              state)):
         found = orig_latest_checkpoint(mirror, latest_filename)
         return (None if found is None else
                 os.path.join(directory, os.path.relpath(found, mirror)))
@@ -1044,7 +1191,8 @@ def patch_keras_callbacks():
   def mc_save_model(self, epoch, batch, logs):
     if not _active() or _is_chief():
       return orig_mc_save(self, epoch, batch, logs)
-    with _swapped(self, ("filepath",)):
+    # Its messages name the epoch's file: any mirror reads as the user's.
+    with _swapped(self, ("filepath",)), _messages_naming(None, None):
       return orig_mc_save(self, epoch, batch, logs)
 
   mc._save_model = mc_save_model  # pylint: disable=protected-access

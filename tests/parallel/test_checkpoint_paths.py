@@ -1,0 +1,193 @@
+"""The user's paths under MPIStrategy's saves behave as in one process.
+
+    tests/mpirun_pytest.sh 2 600 tests/parallel/test_checkpoint_paths.py
+    tests/mpirun_pytest.sh 3 900 tests/parallel/test_checkpoint_paths.py
+
+Rank 0 writes a temporary copy and moves it into place, ranks > 0 write a
+scratch mirror (tests/parallel/test_checkpoint.py); neither may show: a
+directory keeps the user's other files, links are written through, a
+missing directory fails on every rank, a later save by rank 0 alone is
+what every rank loads, and messages name the user's path.
+"""
+
+import contextlib
+import io
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import keras
+
+import mpistrategy
+from mpistrategy import ops
+
+R = mpistrategy.rank()
+N = mpistrategy.size()
+X = np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
+
+
+def _model(strategy):
+  with strategy.scope():
+    m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    m.compile(optimizer="sgd", loss="mse")
+  return m
+
+
+def _on_rank_0(fn):
+  if R == 0:
+    fn()
+  ops.barrier()
+
+
+def _write(path, text):
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w") as f:
+    f.write(text)
+
+
+def _read(path):
+  with open(path) as f:
+    return f.read()
+
+
+@pytest.mark.timeout(300)
+def test_a_saved_model_directory_keeps_the_users_other_files(strategy,
+                                                             workdir):
+  m = _model(strategy)
+  directories = [os.path.join(workdir, d) for d in ("sm", "exported")]
+
+  def populate():
+    for d in directories:
+      _write(os.path.join(d, "notes.txt"), "mine")
+      _write(os.path.join(d, "checkpoints", "ckpt.index"), "also mine")
+
+  _on_rank_0(populate)
+  for _ in range(2):  # into a directory holding the user's files, then also
+    tf.saved_model.save(m, directories[0])  # an older SavedModel
+    m.export(directories[1])
+    ops.barrier()
+  for d in directories:
+    assert _read(os.path.join(d, "notes.txt")) == "mine"
+    assert _read(os.path.join(d, "checkpoints", "ckpt.index")) == "also mine"
+    assert os.path.isfile(os.path.join(d, "saved_model.pb"))
+    assert not [n for n in os.listdir(os.path.dirname(d))
+                if n.startswith(".mpistrategy-tmp-")]
+  loaded = tf.saved_model.load(directories[1])
+  np.testing.assert_allclose(loaded.serve(X).numpy(), m(X).numpy(),
+                             rtol=1e-6)
+
+
+@pytest.mark.timeout(300)
+def test_saving_into_the_working_directory(strategy, workdir):
+  m = _model(strategy)
+  cwd = os.path.join(workdir, "run")
+  _on_rank_0(lambda: _write(os.path.join(cwd, "train.py"), "# the script"))
+  before = os.getcwd()
+  os.chdir(cwd)
+  try:
+    tf.saved_model.save(m, ".")
+    ops.barrier()
+    # The working directory is still the one on disk, with everything in.
+    assert os.path.samefile(".", cwd)
+    assert {"train.py", "saved_model.pb", "variables"} <= set(os.listdir("."))
+    loaded = tf.saved_model.load(".")
+  finally:
+    os.chdir(before)
+  np.testing.assert_allclose(
+      loaded.signatures["serving_default"](tf.constant(X))["output_0"],
+      m(X).numpy(), rtol=1e-6)
+
+
+@pytest.mark.timeout(300)
+def test_saves_write_through_symbolic_links(strategy, workdir):
+  m = _model(strategy)
+  real = os.path.join(workdir, "real")
+  file_link = os.path.join(workdir, "model.keras")
+  dir_link = os.path.join(workdir, "export")
+
+  def links():
+    _write(os.path.join(real, "kept.keras"), "old")
+    _write(os.path.join(real, "sm", "notes.txt"), "mine")
+    os.symlink(os.path.join(real, "kept.keras"), file_link)
+    os.symlink(os.path.join(real, "sm"), dir_link)
+
+  _on_rank_0(links)
+  m.save(file_link)
+  tf.saved_model.save(m, dir_link)
+  ops.barrier()
+  assert os.path.islink(file_link) and os.path.islink(dir_link)
+  assert sorted(os.listdir(real)) == ["kept.keras", "sm"]
+  loaded = keras.models.load_model(os.path.join(real, "kept.keras"))
+  for a, b in zip(loaded.get_weights(), m.get_weights()):
+    np.testing.assert_array_equal(a, b)
+  assert os.path.isfile(os.path.join(real, "sm", "saved_model.pb"))
+  assert _read(os.path.join(real, "sm", "notes.txt")) == "mine"
+
+
+@pytest.mark.timeout(300)
+def test_a_later_save_by_rank_0_alone_is_what_every_rank_loads(strategy,
+                                                               workdir):
+  # Every rank saves (ranks > 0 into their scratch copies), then rank 0
+  # alone saves newer weights (Horovod's habit): every rank loads those.
+  m = _model(strategy)
+  paths = {k: os.path.join(workdir, k) for k in
+           ("m.keras", "w.weights.h5", "sm", "ck")}
+  checkpoint = tf.train.Checkpoint(model=m)
+  m.save(paths["m.keras"])
+  m.save_weights(paths["w.weights.h5"])
+  tf.saved_model.save(m, paths["sm"])
+  checkpoint.save(os.path.join(paths["ck"], "c"))
+  newer = [np.full_like(w, 7.0) for w in m.get_weights()]
+  m.set_weights(newer)
+
+  def save_again():
+    m.save(paths["m.keras"])
+    m.save_weights(paths["w.weights.h5"])
+    tf.saved_model.save(m, paths["sm"])
+    checkpoint.save(os.path.join(paths["ck"], "c"))
+
+  _on_rank_0(save_again)
+  loaded = keras.models.load_model(paths["m.keras"])
+  local = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+  local.load_weights(paths["w.weights.h5"])
+  for model in (loaded, local):
+    for w in model.get_weights():
+      np.testing.assert_array_equal(w, 7.0)
+  serve = tf.saved_model.load(paths["sm"]).signatures["serving_default"]
+  np.testing.assert_allclose(serve(tf.constant(X))["output_0"],
+                             m(X).numpy(), rtol=1e-6)
+  assert tf.train.latest_checkpoint(paths["ck"]) == os.path.join(
+      paths["ck"], "c-2")
+
+
+@pytest.mark.timeout(300)
+def test_a_save_into_a_missing_directory_fails_on_every_rank(strategy,
+                                                             workdir):
+  m = _model(strategy)
+  for save, path in [
+      (m.save, os.path.join(workdir, "missing", "m.keras")),
+      (m.save_weights, os.path.join(workdir, "missing", "w.weights.h5"))]:
+    with pytest.raises(OSError) as raised:
+      save(path)
+    text = str(raised.value)
+    assert path in text and "mpistrategy-rank" not in text, text
+    assert "-> None" not in text, text
+  ops.barrier()
+  assert sorted(os.listdir(workdir)) == []
+  # SavedModel makes missing directories, on every rank alike.
+  tf.saved_model.save(m, os.path.join(workdir, "new", "deep"))
+  ops.barrier()
+  assert os.path.isfile(os.path.join(workdir, "new", "deep",
+                                     "saved_model.pb"))
+
+
+@pytest.mark.timeout(300)
+def test_export_names_the_users_path(strategy, workdir):
+  m = _model(strategy)
+  path = os.path.join(workdir, "exported")
+  printed = io.StringIO()
+  with contextlib.redirect_stdout(printed):
+    m.export(path)
+  ops.barrier()
+  assert f"Saved artifact at '{path}'" in printed.getvalue(), printed.getvalue()
