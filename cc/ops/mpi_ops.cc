@@ -20,10 +20,16 @@ using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
 // Output has the input's shape except for an unknown first dimension (the
-// per-rank first dimensions are only known after negotiation).
+// per-rank first dimensions are only known after negotiation).  A scalar
+// input is not refused here: a rank whose graph failed to build would never
+// submit, and the others would wait for it.  The engine fails the collective
+// on every rank instead, naming the rank.
 absl::Status UnknownFirstDimShape(InferenceContext* c) {
-  ShapeHandle input;
-  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &input));
+  ShapeHandle input = c->input(0);
+  if (!c->RankKnown(input) || c->Rank(input) == 0) {
+    c->set_output(0, c->UnknownShape());
+    return absl::OkStatus();
+  }
   ShapeHandle output;
   TF_RETURN_IF_ERROR(
       c->ReplaceDim(input, 0, c->UnknownDim(), &output));

@@ -91,13 +91,6 @@ def _reduce_op(op, fn):
       f"Max, Product (or tf.distribute.ReduceOp.SUM/MEAN), got {op!r}")
 
 
-def _check_op_dtype(op, tensor, fn):
-  if op == ReduceOp.MEAN and tensor.dtype not in FLOAT_DTYPES:
-    raise ValueError(
-        f"{fn}: op=Average needs a floating dtype (float16, bfloat16, "
-        f"float32, float64), got {tensor.dtype.name}; use op=Sum and divide")
-
-
 def _check_name(name, fn):
   if name is not None and (not isinstance(name, str) or not name):
     raise TypeError(
@@ -139,15 +132,16 @@ def allreduce(tensor, op=Sum, name=None, compression=None):
   Raises:
     TypeError: `tensor` is not convertible to a tensor of a supported dtype,
       or `name` is not a str.
-    ValueError: `op` is not one of the constants or does not suit the dtype,
-      or `compression` is unknown.
+    ValueError: `op` is not one of the constants, or `compression` is
+      unknown.
+    tf.errors.InvalidArgumentError: On every rank: `op=Average` with a dtype
+      that is not floating, on some rank (the error names it).
     tf.errors.FailedPreconditionError: Ranks disagree on shape, dtype, op or
       compression.
   """
   fn = "mpistrategy.ops.allreduce"
   tensor = _to_tensor(tensor, fn)
   op = _reduce_op(op, fn)
-  _check_op_dtype(op, tensor, fn)
   _check_name(name, fn)
   compressor = compression_lib.get(compression, fn)
   lib = runtime.started_library()
@@ -196,8 +190,10 @@ def grouped_allreduce(tensors, op=Sum, name=None, compression=None):
 
   Raises:
     TypeError: `tensors` is not a list/tuple of tensor-convertible values.
-    ValueError: `op` is invalid for one of the tensors, or `compression` is
+    ValueError: `op` is not one of the constants, or `compression` is
       unknown.
+    tf.errors.InvalidArgumentError: On every rank: `op=Average` with a
+      tensor that is not floating, on some rank.
   """
   fn = "mpistrategy.ops.grouped_allreduce"
   if not isinstance(tensors, (list, tuple)):
@@ -206,8 +202,6 @@ def grouped_allreduce(tensors, op=Sum, name=None, compression=None):
   converted = [_to_tensor(t, fn, f"tensors[{i}]")
                for i, t in enumerate(tensors)]
   op = _reduce_op(op, fn)
-  for t in converted:
-    _check_op_dtype(op, t, fn)
   _check_name(name, fn)
   compressor = compression_lib.get(compression, fn)
   if not converted:
@@ -321,14 +315,13 @@ def allgather(tensor, name=None):
 
   Raises:
     TypeError: `tensor` is not convertible to a supported tensor.
-    ValueError: `tensor` is a scalar.
+    tf.errors.InvalidArgumentError: On every rank: `tensor` is a scalar on
+      some rank.
     tf.errors.FailedPreconditionError: Ranks disagree on dtype or trailing
       dimensions.
   """
   fn = "mpistrategy.ops.allgather"
   tensor = _to_tensor(tensor, fn)
-  if tensor.shape.rank == 0:
-    raise ValueError(f"{fn}: `tensor` must have rank >= 1, got a scalar")
   _check_name(name, fn)
   lib = runtime.started_library()
   return lib.ops.mpi_strategy_allgather(
@@ -349,7 +342,9 @@ def broadcast(tensor, root_rank=0, name=None):
 
   Raises:
     TypeError: `tensor` is not convertible, or `root_rank` is not an int.
-    ValueError: `root_rank` is out of range.
+    tf.errors.InvalidArgumentError: On every rank: `root_rank` is out of
+      range on some rank.
+    tf.errors.FailedPreconditionError: Ranks disagree on `root_rank`.
   """
   fn = "mpistrategy.ops.broadcast"
   tensor = _to_tensor(tensor, fn)
@@ -362,10 +357,6 @@ def broadcast(tensor, root_rank=0, name=None):
     raise TypeError(f"{fn}: `root_rank` must be an int, got "
                     f"{type(root_rank).__name__} {root_rank!r}") from None
   lib = runtime.started_library()
-  world = lib.c.mpistrategy_size()
-  if not 0 <= root_rank < world:
-    raise ValueError(f"{fn}: `root_rank` must be in [0, {world}), got "
-                     f"{root_rank}")
   return lib.ops.mpi_strategy_broadcast(
       tensor, root_rank=root_rank,
       tensor_name=_naming.tensor_name(name, "broadcast"))
@@ -389,14 +380,13 @@ def reducescatter(tensor, op=Sum, name=None):
 
   Raises:
     TypeError: `tensor` is not convertible to a supported tensor.
-    ValueError: `tensor` is a scalar or `op` is invalid.
+    ValueError: `op` is not one of the constants.
+    tf.errors.InvalidArgumentError: On every rank: `tensor` is a scalar, or
+      `op=Average` is given a dtype that is not floating, on some rank.
   """
   fn = "mpistrategy.ops.reducescatter"
   tensor = _to_tensor(tensor, fn, dtypes=_NUMERIC_DTYPES)
-  if tensor.shape.rank == 0:
-    raise ValueError(f"{fn}: `tensor` must have rank >= 1, got a scalar")
   op = _reduce_op(op, fn)
-  _check_op_dtype(op, tensor, fn)
   _check_name(name, fn)
   lib = runtime.started_library()
   [tensor], op = _divide_first_if_16_bit([tensor], op, lib)
@@ -424,14 +414,13 @@ def alltoall(tensor, splits=None, name=None):
 
   Raises:
     TypeError: `tensor` or `splits` have unsupported types.
-    ValueError: `tensor` is a scalar, or `splits` is not 1-D or (when its
-      length is known) does not have one entry per rank.
-    tf.errors.InvalidArgumentError: `splits` do not fit the tensor.
+    ValueError: `splits` is not 1-D, or is an empty list.
+    tf.errors.InvalidArgumentError: On every rank: on some rank, `tensor`
+      is a scalar, or `splits` do not have one entry per rank or do not fit
+      the tensor.
   """
   fn = "mpistrategy.ops.alltoall"
   tensor = _to_tensor(tensor, fn)
-  if tensor.shape.rank == 0:
-    raise ValueError(f"{fn}: `tensor` must have rank >= 1, got a scalar")
   explicit_splits = splits is not None
   if splits is None:
     splits = tf.zeros([0], tf.int64)
@@ -445,12 +434,12 @@ def alltoall(tensor, splits=None, name=None):
                        f"{splits.shape}")
   _check_name(name, fn)
   lib = runtime.started_library()
-  world = lib.c.mpistrategy_size()
-  if explicit_splits and splits.shape.rank == 1 and splits.shape[0] not in (
-      None, world):
-    # An empty list would otherwise mean an even split (the op's encoding).
-    raise ValueError(f"{fn}: `splits` must have one entry per rank ({world}), "
-                     f"got {splits.shape[0]}; pass None for an even split")
+  if explicit_splits and splits.shape.rank == 1 and splits.shape[0] == 0:
+    # The op's encoding of an even split; other lengths that do not match
+    # the world fail in the engine, on every rank.
+    raise ValueError(f"{fn}: `splits` must have one entry per rank "
+                     f"({lib.c.mpistrategy_size()}), got 0; pass None for "
+                     "an even split")
   output, received = lib.ops.mpi_strategy_alltoall(
       tensor, splits, tensor_name=_naming.tensor_name(name, "alltoall"))
   return output, received

@@ -588,6 +588,46 @@ def test_alltoall_splits_wrong_on_one_rank_fail_on_every_rank(mode):
   np.testing.assert_array_equal(y.numpy(), np.arange(SIZE))
 
 
+_WRONG_ON_THE_LAST_RANK = {
+    # case: (the call, given `wrong` for the last rank, the error's text)
+    "broadcast root out of range": (
+        lambda wrong: ops.broadcast(tf.ones([3]),
+                                    root_rank=SIZE + 3 if wrong else 0),
+        f"root_rank must be in \\[0, {SIZE}\\), got {SIZE + 3}"),
+    "allgather of a scalar": (
+        lambda wrong: ops.allgather(tf.constant(1.0) if wrong
+                                    else tf.ones([2])), "got a scalar"),
+    "reducescatter of a scalar": (
+        lambda wrong: ops.reducescatter(tf.constant(1.0) if wrong
+                                        else tf.ones([SIZE])), "got a scalar"),
+    "alltoall of a scalar": (
+        lambda wrong: ops.alltoall(tf.constant(1.0) if wrong
+                                   else tf.ones([SIZE]))[0], "got a scalar"),
+    "alltoall splits of another length": (
+        lambda wrong: ops.alltoall(tf.ones([SIZE + 1]), splits=(
+            [1] * (SIZE + 1) if wrong else [2] + [1] * (SIZE - 1)))[0],
+        f"splits must have one entry per rank \\({SIZE}\\), got {SIZE + 1}"),
+    "average of integers": (
+        lambda wrong: ops.allreduce(tf.ones([2], tf.int32 if wrong
+                                            else tf.float32), op=ops.Average),
+        "reduce_op mean needs a floating dtype"),
+}
+
+
+@needs_peers
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", sorted(_WRONG_ON_THE_LAST_RANK))
+def test_an_argument_wrong_on_one_rank_fails_on_every_rank(case, mode):
+  # Eagerly and inside a tf.function (whose graph must still build on the
+  # wrong rank): no rank raises alone while the others wait for it.
+  call, text = _WRONG_ON_THE_LAST_RANK[case]
+  last = SIZE - 1
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=f"{text}.* \\(on rank {last}\\)"):
+    run(mode, lambda: call(RANK == last))
+  ops.barrier()
+
+
 # -------------------------------------------------- counts above int32
 
 # 2**31 + 1031 one-byte elements: more than a C int (an MPI count) holds, so

@@ -151,19 +151,25 @@ def test_reduce_op_spellings():
     assert ops.allreduce(tf.ones([2]), op=op).numpy().tolist() == [1, 1]
 
 
-def test_mean_of_integers_is_value_error():
-  with pytest.raises(ValueError, match="floating"):
+# Argument errors that may hold on one rank only are the engine's, so that
+# they fail the collective on every rank (tests/parallel/test_ops.py).
+def test_mean_of_integers_is_refused():
+  with pytest.raises(tf.errors.InvalidArgumentError, match="floating"):
     ops.allreduce(tf.ones([2], tf.int32), op=ops.Average)
-  with pytest.raises(ValueError, match="floating"):
+  with pytest.raises(tf.errors.InvalidArgumentError, match="floating"):
     ops.grouped_allreduce([tf.ones([2]), tf.ones([2], tf.int64)],
                           op=ops.Average)
+  with pytest.raises(tf.errors.InvalidArgumentError, match="floating"):
+    ops.reducescatter(tf.ones([2], tf.int32), op=ops.Average)
 
 
-@pytest.mark.parametrize("root, error", [("0", TypeError), (1.0, TypeError),
-                                         (True, TypeError), (1, ValueError),
-                                         (-1, ValueError)])
-def test_bad_root_rank(root, error):
-  with pytest.raises(error, match="`root_rank`"):
+@pytest.mark.parametrize("root, error, match", [
+    ("0", TypeError, "`root_rank`"), (1.0, TypeError, "`root_rank`"),
+    (True, TypeError, "`root_rank`"),
+    (1, tf.errors.InvalidArgumentError, r"root_rank must be in \[0, 1\), got 1"),
+    (-1, tf.errors.InvalidArgumentError, "got -1")])
+def test_bad_root_rank(root, error, match):
+  with pytest.raises(error, match=match):
     ops.broadcast(tf.ones([2]), root_rank=root)
 
 
@@ -177,9 +183,12 @@ def test_bad_name(name):
     ops.allreduce(tf.ones([2]), name=name)
 
 
-def test_scalars_rejected_where_rows_are_needed():
+@pytest.mark.parametrize("in_function", [False, True])
+def test_scalars_rejected_where_rows_are_needed(in_function):
   for fn in (ops.allgather, ops.reducescatter, ops.alltoall):
-    with pytest.raises(ValueError, match="rank >= 1"):
+    if in_function:
+      fn = tf.function(fn)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="got a scalar"):
       fn(tf.constant(1.0))
 
 
@@ -200,7 +209,8 @@ def test_alltoall_bad_splits():
   # An empty list is not "even": that is None.
   with pytest.raises(ValueError, match="one entry per rank"):
     ops.alltoall(tf.ones([2]), splits=[])
-  with pytest.raises(ValueError, match="one entry per rank"):
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"one entry per rank \(1\), got 2"):
     ops.alltoall(tf.ones([2]), splits=[1, 1])
 
 
