@@ -4,7 +4,8 @@
 of `_PATCHES` below, each once per process: the names of the applied ones
 are recorded in `_applied`, the one idempotence scheme (the patched
 functions carry no marks of their own).  The Horovod layer calls
-`install_keras2_spellings()` for the two Keras 2 spellings its users write.
+`install_for_horovod()` for the two Keras 2 spellings its users write and
+the loss-scale patch.
 
 Each entry says what upstream behaviour it changes and what upstream change
 would let it go; docs/DESIGN.md has the same inventory as a table.  The
@@ -28,13 +29,16 @@ from mpistrategy.compat import keras2_spellings
 
 # (name, multi-process only, apply(rank)), applied in this order: the
 # checkpoint patches wrap the entry points of `keras.entry_points`.
+# Keras 3.15 LossScaleOptimizer._tf_apply decides "finite" from the local,
+# not yet all-reduced gradients and only all-reduces them in the "apply"
+# branch: ranks that disagree hang.  Removed when Keras reduces the flag
+# across replicas (or tests finiteness after the all-reduce).  The Horovod
+# layer needs it too (hvd.DistributedOptimizer reduces in `apply`).
+_LOSS_SCALE_PATCH = ("keras.LossScaleOptimizer.check_finite", False,
+                     lambda rank: keras.patch_loss_scale_optimizer())
+
 _PATCHES = (
-    # Keras 3.15 LossScaleOptimizer._tf_apply decides "finite" from the local,
-    # not yet all-reduced gradients and only all-reduces them in the "apply"
-    # branch: ranks that disagree hang.  Removed when Keras reduces the flag
-    # across replicas (or tests finiteness after the all-reduce).
-    ("keras.LossScaleOptimizer.check_finite", False,
-     lambda rank: keras.patch_loss_scale_optimizer()),
+    _LOSS_SCALE_PATCH,
     # Keras 3 makes BatchNormalization's moving statistics ordinary
     # non-trainable weights (Keras 2: sync-on-read, MEAN), so each rank's copy
     # drifts.  Removed when Keras 3 aggregates them across replicas again.
@@ -139,9 +143,11 @@ def install(rank, size):
   _apply(_PATCHES, rank, size)
 
 
-def install_keras2_spellings():
-  """Accepts the Keras 2 spellings of Horovod scripts (idempotent)."""
-  _apply(_KERAS2_SPELLINGS, rank=0, size=1)
+def install_for_horovod():
+  """Applies what `mpistrategy.horovod` needs (idempotent): the Keras 2
+  spellings of Horovod scripts, and the loss scale's agreement across ranks.
+  """
+  _apply(_KERAS2_SPELLINGS + (_LOSS_SCALE_PATCH,), rank=0, size=1)
 
 
 def applied():

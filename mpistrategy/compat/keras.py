@@ -12,7 +12,9 @@ multi-process `MPIStrategy`, so single-process code is unaffected.
    gradient all-reduce.  When one rank overflows and another does not, the
    ranks issue different collectives: one hangs, or MPI reports a truncated
    message.  The patch all-reduces the flag (MIN over ranks), so every rank
-   skips the step -- and halves its loss scale -- together.
+   skips the step -- and halves its loss scale -- together.  The same holds
+   for a `hvd.DistributedOptimizer` (which reduces in its `apply`) that
+   Keras wraps under `mixed_float16`, without `MPIStrategy`.
 
 2. `ProgbarLogger` on ranks other than 0: progress bars and per-epoch log
    lines are printed by rank 0 only (the logged values are global, so the
@@ -113,13 +115,26 @@ def _active_mpi_world():
   return mpi_world_size(tf.distribute.get_strategy())
 
 
+def _reduces_in_apply(optimizer):
+  """True for a `hvd.DistributedOptimizer` in a job of several ranks.
+
+  Keras wraps it in a `LossScaleOptimizer` under `mixed_float16`; its
+  `apply`, which reduces, then runs in the "finite" branch only.
+  """
+  if getattr(optimizer, "_hvd_reducer", None) is None:
+    return False
+  from mpistrategy import runtime  # pylint: disable=g-import-not-at-top
+  return runtime.is_initialized() and runtime.size() > 1
+
+
 def patch_loss_scale_optimizer():
   cls = _tfp.keras_loss_scale_optimizer.LossScaleOptimizer
   original = cls.check_finite
 
   def check_finite(self, grads):
     finite = original(self, grads)
-    if _active_mpi_world() <= 1:
+    if _active_mpi_world() <= 1 and not _reduces_in_apply(
+        self.inner_optimizer):
       return finite
     from mpistrategy import ops
     # MIN over ranks of the local flag: finite only if finite everywhere.

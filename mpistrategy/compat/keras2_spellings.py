@@ -1,6 +1,6 @@
 """Keras 2 spellings that Horovod scripts use, accepted under Keras 3.
 
-Applied by `mpistrategy.compat.install_keras2_spellings()`, which the
+Applied by `mpistrategy.compat.install_for_horovod()`, which the
 Horovod layer calls when it is imported: `optimizer.variables` of Keras 3
 optimizers is also callable (`opt.variables()`, Keras 2, used by Horovod's
 TF2 examples to broadcast the optimizer state, returns the same list as

@@ -81,6 +81,32 @@ def test_fit_matches_one_process_on_the_global_batch():
   assert int(model.optimizer.iterations.numpy()) == 2 * STEPS
 
 
+@pytest.mark.timeout(180)
+def test_mixed_float16_overflow_on_one_rank_skips_the_step_everywhere():
+  # Keras wraps the DistributedOptimizer in a LossScaleOptimizer, whose
+  # "finite" branch alone runs the optimizer's reducing `apply`: the rank
+  # whose float16 gradients overflow must not take the other branch alone
+  # (that stalled until the stall timeout).
+  _, _, local_x, local_y = _data()
+  if RANK == SIZE - 1:
+    local_x = local_x * 1e4  # only this rank's gradients overflow
+  keras.mixed_precision.set_global_policy("mixed_float16")
+  try:
+    model = _model(seed=1)
+    model.compile(
+        optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)),
+        loss="mse")
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    model.fit(local_x, local_y, batch_size=LOCAL_BATCH, epochs=1,
+              shuffle=False, verbose=0)
+  finally:
+    keras.mixed_precision.set_global_policy("float32")
+  scale = float(model.optimizer.dynamic_scale.numpy())
+  assert scale < 2.0 ** 15, scale  # it did skip steps (halving the scale)
+  assert _all_equal_across_ranks(
+      model.get_weights() + [np.array([scale])])
+
+
 def test_broadcast_callback_makes_every_rank_equal():
   _, _, local_x, local_y = _data()
   model = _model(seed=100 + RANK)  # different initial weights per rank

@@ -8,6 +8,7 @@ value computed from every rank's input (Horovod's semantics: allreduce
 averages by default, alltoall returns int32 received splits, ...).
 """
 
+import importlib
 import os
 
 import numpy as np
@@ -483,6 +484,21 @@ def test_data_service_import_says_it_is_not_provided():
   # migrated import must fail naming the feature, not ModuleNotFoundError.
   with pytest.raises(NotImplementedError, match="tf.data service"):
     import mpistrategy.horovod.tensorflow.data.compute_service  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+
+
+@pytest.mark.parametrize("module, says", [
+    ("mpistrategy.horovod.tensorflow.elastic", "--restarts"),
+    ("mpistrategy.horovod.tensorflow.keras.elastic", "--restarts"),
+    ("mpistrategy.horovod.runner.common.util.env", "horovodrun"),
+    ("mpistrategy.horovod.spark", "Spark"),
+    ("mpistrategy.horovod.ray", "Ray")])
+def test_horovod_modules_not_provided_say_so_at_import(module, says):
+  # Horovod's elastic and data-service examples import these.
+  with pytest.raises(NotImplementedError, match=says):
+    importlib.import_module(module)
+  # hvd.elastic itself stays an attribute whose names refuse when called.
+  with pytest.raises(NotImplementedError, match="--restarts"):
+    hvd.elastic.run(lambda state: None)
 
 
 # --- DistributedGradientTape --------------------------------------------------

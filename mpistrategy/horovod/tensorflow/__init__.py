@@ -100,4 +100,4 @@ from mpistrategy.horovod.tensorflow.unsupported import start_timeline
 from mpistrategy.horovod.tensorflow.unsupported import stop_timeline
 from mpistrategy.horovod.tensorflow.unsupported import SyncBatchNormalization
 
-_compat.install_keras2_spellings()
+_compat.install_for_horovod()

@@ -67,12 +67,23 @@ class SyncBatchNormalization:
             "mpistrategy.MPIStrategy (its statistics are all-reduced)")
 
 
+_ELASTIC_INSTEAD = (
+    "mpistrategy runs a fixed set of ranks: save checkpoints "
+    "(BackupAndRestore, or tf.train.CheckpointManager) and let "
+    "`mpistrategyrun --restarts N` (with `--min-np M` to go on without a "
+    "lost host) restart the job from them; see the README's \"Preemption and "
+    "restarts\"")
+
+
+def refuse_elastic(feature):
+  """Raises NotImplementedError for `feature`, a part of elastic training."""
+  _refuse(f"{feature} (elastic training)", _ELASTIC_INSTEAD)
+
+
 def _elastic_refusal(name):
   def refuse(*args, **kwargs):
     del args, kwargs
-    _refuse(f"hvd.elastic.{name} (elastic training)",
-            "mpistrategy runs a fixed set of ranks; restart the job from a "
-            "checkpoint (mpistrategy.checkpoint) to change its size")
+    refuse_elastic(f"hvd.elastic.{name}")
   refuse.__name__ = name
   return refuse
 

@@ -121,4 +121,4 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
   return model
 
 
-_compat.install_keras2_spellings()
+_compat.install_for_horovod()
