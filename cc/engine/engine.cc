@@ -299,10 +299,11 @@ Status CheckArguments(const TensorEntry& e, int size) {
   // with the group.
   if (e.packed_dtypes.empty() && reduces && e.reduce_op == ReduceOp::kMean &&
       !IsFloatingDataType(e.dtype)) {
+    // A bool's sum is a logical or: nothing to divide.
     return Status::InvalidArgument(
         Describe(e) + ": reduce_op mean needs a floating dtype (float16, "
         "bfloat16, float32, float64), got " + DataTypeName(e.dtype) +
-        "; use sum and divide");
+        (e.dtype == DataType::kBool ? "" : "; use sum and divide"));
   }
   if (NeedsDim0(e) && e.shape.empty()) {
     return Status::InvalidArgument(

@@ -161,12 +161,17 @@ def test_mean_of_integers_is_refused():
                           op=ops.Average)
   with pytest.raises(tf.errors.InvalidArgumentError, match="floating"):
     ops.reducescatter(tf.ones([2], tf.int32), op=ops.Average)
+  # A bool's sum is a logical or: no "use sum and divide" hint.
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"float64\), got bool \(on rank 0\)"):
+    ops.allreduce(tf.constant([True]), op=ops.Average)
 
 
 @pytest.mark.parametrize("root, error, match", [
     ("0", TypeError, "`root_rank`"), (1.0, TypeError, "`root_rank`"),
     (True, TypeError, "`root_rank`"),
-    (1, tf.errors.InvalidArgumentError, r"root_rank must be in \[0, 1\), got 1"),
+    (1, tf.errors.InvalidArgumentError,
+     r"root_rank must be in \[0, 1\), got 1"),
     (-1, tf.errors.InvalidArgumentError, "got -1")])
 def test_bad_root_rank(root, error, match):
   with pytest.raises(error, match=match):
