@@ -313,6 +313,22 @@ def _date_copy(mirrored, start_ns):
     pass  # no copy (a writer that made other names), or no such support
 
 
+def _check_no_file_above(directory):
+  """NotADirectoryError where `directory` or an ancestor is not one.
+
+  Rank 0's write fails there (no directory can be made under a file);
+  a rank > 0 on its host must not succeed in its private copy instead.
+  """
+  while not os.path.lexists(directory):
+    parent = os.path.dirname(directory)
+    if parent == directory:
+      return
+    directory = parent
+  if not os.path.isdir(directory):
+    raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR),
+                             directory)
+
+
 def _newer(path, than):
   """True if `path` exists and was modified after `than`."""
   try:
@@ -336,9 +352,13 @@ def _mirror_for_write(path, fresh=False):
     return path
   mirrored = mirror_path(path)
   mirror_parent = os.path.dirname(mirrored)
-  user_parent = os.path.dirname(os.path.abspath(os.fspath(path)))
-  if (_is_local(path) and not os.path.isdir(user_parent) and
-      _on_chief_host()):
+  if _is_local(path) and _on_chief_host():
+    # Rank 0 writes through links, into the same directories.
+    user_parent = os.path.dirname(os.path.realpath(os.fspath(path)))
+    _check_no_file_above(user_parent)
+  else:
+    user_parent = None
+  if user_parent is not None and not os.path.isdir(user_parent):
     # Rank 0 sees no such directory either: its writer fails (Keras) or
     # makes it (SavedModel), and this rank's writer must do the same.
     # Copies under it are of a deleted directory.
@@ -432,9 +452,10 @@ def _rename_in_error(error, written, path):
     error.args = tuple(fix(a) for a in error.args)
     if isinstance(error, OSError):
       # str() shows strerror and the file names, not args; a file name set
-      # to None would read "-> None".
+      # to None would read ": None" or "-> None".
       error.strerror = fix(error.strerror)
-      error.filename = fix(error.filename)
+      if error.filename is not None:
+        error.filename = fix(error.filename)
       if error.filename2 is not None:
         error.filename2 = fix(error.filename2)
     if isinstance(error, tf.errors.OpError):
@@ -530,12 +551,47 @@ def _exchange(a, b):
   raise OSError(err, os.strerror(err), a, None, b)
 
 
+def _check_same_kind(new, path, shown=None):
+  """Raises as a plain write would where `new` and `path` differ in kind.
+
+  A file is never put where a directory is, nor the reverse: a plain
+  write fails there (`IsADirectoryError`, `NotADirectoryError`), and a
+  replacement would delete the user's directory or file.
+
+  Args:
+    new: the complete file or directory written.
+    path: what it would replace (may not exist).
+    shown: the path to name in the error (default: `path`).
+
+  Raises:
+    IsADirectoryError: `new` is a file and `path` a directory.
+    NotADirectoryError: `new` is a directory and `path` something else.
+  """
+  if not os.path.lexists(path):
+    return
+  shown = path if shown is None else shown
+  new_is_dir = os.path.isdir(new) and not os.path.islink(new)
+  old_is_dir = os.path.isdir(path)
+  if not new_is_dir and old_is_dir:
+    raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), shown)
+  if new_is_dir and not old_is_dir:
+    raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR),
+                             shown)
+  if new_is_dir:  # its entries replace those of `path` one by one
+    for name in os.listdir(new):
+      _check_same_kind(os.path.join(new, name), os.path.join(path, name),
+                       os.path.join(shown, name))
+
+
 def _move_into_place(tmp, path):
   """Makes the complete `tmp` appear as `path`, replacing what was there."""
   parent = os.path.dirname(os.path.abspath(path))
+  _check_same_kind(tmp, path)
   new_is_dir = os.path.isdir(tmp) and not os.path.islink(tmp)
   old_is_dir = os.path.isdir(path) and not os.path.islink(path)
   if not new_is_dir and not old_is_dir:
+    if os.path.isfile(path):
+      shutil.copymode(path, tmp)  # a private file stays private
     os.replace(tmp, path)  # atomic
   elif new_is_dir and old_is_dir:
     _replace_entries(tmp, path)
@@ -670,10 +726,12 @@ def _write_atomically(path, write, stage=False, shown=None):
         raise error
       raise error from late[0]
     if os.path.lexists(target):
+      _check_same_kind(target, path, shown)
       if staged is not None:
         _copy_tree(target, tmp)
       _sync_tree(tmp)
-      _move_into_place(tmp, path)
+      with _naming_user_path(shown, tmp):
+        _move_into_place(tmp, path)
   except BaseException:
     _remove_quietly(tmp)
     raise
@@ -713,6 +771,13 @@ def _write_for_user(path, write, atomic=True, stage=False):
       with _naming_user_path(path, mirrored), _messages_naming(path, mirrored):
         result = write(mirrored)
       _date_copy(mirrored, start)
+      if _is_local(path) and _on_chief_host():
+        # As rank 0's replacement: never a file for a directory, or back.
+        try:
+          _check_same_kind(mirrored, os.path.realpath(os.fspath(path)), path)
+        except OSError:
+          _remove_quietly(mirrored)
+          raise
       return result
     if not atomic or not _is_local(path):
       return write(path)  # nothing to protect, or not a local file system
@@ -745,6 +810,8 @@ def _write_tf_checkpoint_atomically(orig_write, ckpt, prefix, options):
     # Data shards first, the index (which names them) last.
     produced.sort(key=lambda f: f.endswith(".index"))
     final = [prefix + f[len(tmp):] for f in produced]
+    for f, to in zip(produced, final):
+      _check_same_kind(f, to)
     for f, to in zip(produced, final):
       os.replace(f, to)
     for old in glob.glob(glob.escape(prefix) + ".data-*"):
@@ -968,6 +1035,23 @@ def patch_tf_checkpoint():
   _write.__doc__, read.__doc__ = orig_write.__doc__, orig_read.__doc__
   cls._write, cls.read = _write, read  # pylint: disable=protected-access
 
+  orig_checkpoint_save = cls.save
+
+  def checkpoint_save(self, file_prefix, options=None):
+    if (not _active() or _is_chief() or not _is_local(file_prefix) or
+        not tf.executing_eagerly()):
+      return orig_checkpoint_save(self, file_prefix, options)
+    start = time.time_ns()
+    result = orig_checkpoint_save(self, file_prefix, options)
+    # The state file `latest_checkpoint` reads, dated as `_write_for_user`
+    # dates a copy: rank 0's own later save of the directory then wins.
+    _date_copy(os.path.join(os.path.dirname(mirror_path(file_prefix)),
+                            "checkpoint"), start)
+    return result
+
+  checkpoint_save.__doc__ = orig_checkpoint_save.__doc__
+  cls.save = checkpoint_save
+
   mgr = _tfp.checkpoint_management.CheckpointManager
   orig_init, orig_roi = mgr.__init__, mgr.restore_or_initialize
   orig_save = mgr.save
@@ -992,7 +1076,11 @@ def patch_tf_checkpoint():
     user_dir = getattr(self, "_mpistrategy_directory", None)
     if path is None or user_dir is None:
       return path
-    return os.path.join(user_dir, os.path.basename(path))
+    # checkpoint_name may hold directories ("nested/dir/ck").
+    relative = os.path.relpath(path, self._directory)  # pylint: disable=protected-access
+    if relative.startswith(os.pardir):
+      relative = os.path.basename(path)
+    return os.path.join(user_dir, relative)
 
   def save(self, *args, **kwargs):
     user_dir = getattr(self, "_mpistrategy_directory", None)

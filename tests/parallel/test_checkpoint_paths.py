@@ -191,3 +191,62 @@ def test_export_names_the_users_path(strategy, workdir):
     m.export(path)
   ops.barrier()
   assert f"Saved artifact at '{path}'" in printed.getvalue(), printed.getvalue()
+
+
+@pytest.mark.timeout(300)
+def test_a_save_never_puts_a_file_for_a_directory_or_back(strategy, workdir):
+  # One process fails there; a replacement would delete the user's data.
+  m = _model(strategy)
+  a_dir = os.path.join(workdir, "taken.keras")
+  a_file = os.path.join(workdir, "taken_file")
+  holder = os.path.join(workdir, "sm")
+
+  def populate():
+    _write(os.path.join(a_dir, "mine.txt"), "mine")
+    _write(a_file, "mine")
+    _write(os.path.join(holder, "variables"), "a file of mine")
+
+  _on_rank_0(populate)
+  for save, path in [(m.save, a_dir), (m.export, a_file),
+                     (lambda p: tf.saved_model.save(m, p), holder),
+                     (m.save, os.path.join(a_file, "under.keras"))]:
+    with pytest.raises((OSError, tf.errors.OpError)):
+      save(path)
+  ops.barrier()
+  assert _read(os.path.join(a_dir, "mine.txt")) == "mine"
+  assert _read(a_file) == "mine"
+  assert _read(os.path.join(holder, "variables")) == "a file of mine"
+  assert not [n for n in os.listdir(workdir)
+              if n.startswith(".mpistrategy-tmp-")]
+
+
+@pytest.mark.timeout(300)
+def test_a_replaced_file_keeps_its_mode(strategy, workdir):
+  m = _model(strategy)
+  path = os.path.join(workdir, "private.keras")
+
+  def private_file():
+    m.save(path)
+    os.chmod(path, 0o600)
+
+  _on_rank_0(private_file)
+  m.save(path)
+  ops.barrier()
+  assert oct(os.stat(path).st_mode & 0o777) == oct(0o600)
+
+
+@pytest.mark.timeout(300)
+def test_checkpoint_manager_names_with_directories(strategy, workdir):
+  m = _model(strategy)
+  directory = os.path.join(workdir, "mgr")
+  manager = tf.train.CheckpointManager(
+      tf.train.Checkpoint(model=m), directory, max_to_keep=2,
+      checkpoint_name="nested/dir/ck")
+  saved = [manager.save() for _ in range(3)]
+  ops.barrier()
+  want = [os.path.join(directory, "nested", "dir", f"ck-{i}")
+          for i in (1, 2, 3)]
+  assert saved == want
+  assert manager.latest_checkpoint == want[-1]
+  assert manager.checkpoints == want[1:]
+  assert os.path.isfile(manager.latest_checkpoint + ".index")
