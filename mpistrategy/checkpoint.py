@@ -584,9 +584,12 @@ def _check_same_kind(new, path, shown=None):
 
 
 def _move_into_place(tmp, path):
-  """Makes the complete `tmp` appear as `path`, replacing what was there."""
+  """Makes the complete `tmp` appear as `path`, replacing what was there.
+
+  The caller has checked that `tmp` and `path` are of the same kind, entries
+  included (`_check_same_kind`).
+  """
   parent = os.path.dirname(os.path.abspath(path))
-  _check_same_kind(tmp, path)
   new_is_dir = os.path.isdir(tmp) and not os.path.islink(tmp)
   old_is_dir = os.path.isdir(path) and not os.path.islink(path)
   if not new_is_dir and not old_is_dir:

@@ -239,8 +239,8 @@ def _grouped_allreduce_uncompressed(tensors, op, tensor_name, lib):
     The list of reduced tensors.
   """
   divide_after = []
-  if op == ReduceOp.MEAN and any(t.dtype in _DIVIDE_FIRST_DTYPES
-                                 for t in tensors):
+  if (op == ReduceOp.MEAN and _all_floating(tensors) and
+      any(t.dtype in _DIVIDE_FIRST_DTYPES for t in tensors)):
     world = lib.c.mpistrategy_size()
     divide_after = [t.dtype not in _DIVIDE_FIRST_DTYPES for t in tensors]
     tensors = [t if after else t / tf.cast(world, t.dtype)
@@ -252,6 +252,12 @@ def _grouped_allreduce_uncompressed(tensors, op, tensor_name, lib):
     reduced = [r / tf.cast(world, r.dtype) if after else r
                for r, after in zip(reduced, divide_after)]
   return reduced
+
+
+def _all_floating(tensors):
+  """False where a MEAN must go to the engine as is, which refuses it on
+  every rank: dividing an integer tensor here would make it float64."""
+  return all(t.dtype in FLOAT_DTYPES for t in tensors)
 
 
 def _mean_as_divided_sum(tensors, op, lib):
@@ -268,9 +274,10 @@ def _mean_as_divided_sum(tensors, op, lib):
     lib: the loaded op library.
 
   Returns:
-    `(tensors, op)` to submit: unchanged unless `op` is MEAN.
+    `(tensors, op)` to submit: unchanged unless `op` is MEAN and every
+    tensor floating (`_all_floating`).
   """
-  if op != ReduceOp.MEAN:
+  if op != ReduceOp.MEAN or not _all_floating(tensors):
     return tensors, op
   world = lib.c.mpistrategy_size()
   return [t / tf.cast(world, t.dtype) for t in tensors], ReduceOp.SUM

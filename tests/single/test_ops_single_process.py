@@ -161,6 +161,14 @@ def test_mean_of_integers_is_refused():
                           op=ops.Average)
   with pytest.raises(tf.errors.InvalidArgumentError, match="floating"):
     ops.reducescatter(tf.ones([2], tf.int32), op=ops.Average)
+  # Beside a tensor divided before the sum (16-bit, or compressed), an
+  # integer is not divided into a float64 either.
+  with pytest.raises(tf.errors.InvalidArgumentError, match="floating"):
+    ops.grouped_allreduce([tf.ones([2], tf.float16), tf.ones([2], tf.int32)],
+                          op=ops.Average)
+  with pytest.raises(tf.errors.InvalidArgumentError, match="floating"):
+    ops.grouped_allreduce([tf.ones([2]), tf.ones([2], tf.int32)],
+                          op=ops.Average, compression="fp16")
   # A bool's sum is a logical or: no "use sum and divide" hint.
   with pytest.raises(tf.errors.InvalidArgumentError,
                      match=r"float64\), got bool \(on rank 0\)"):
