@@ -373,6 +373,7 @@ Request MakeRequest(const TensorEntry& e, int rank, int size,
   q.shape = e.shape;
   q.packed_shapes = e.packed_shapes;
   q.packed_dtypes = e.packed_dtypes;
+  q.grouped = e.grouped || !e.packed_shapes.empty();
   if (e.type == CollectiveType::kAllreduce ||
       e.type == CollectiveType::kReducescatter) {
     q.reduce_op = e.reduce_op;

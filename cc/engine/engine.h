@@ -56,6 +56,11 @@ struct TensorEntry {
   // tensor.  Empty for single-dtype groups (the buffer has `dtype`).  Never
   // fused with other entries.
   std::vector<DataType> packed_dtypes;
+  // Set by the grouped_allreduce kernel on its packed entry, even for a
+  // group of no tensors (a 0-size entry with empty packed_shapes): ranks
+  // then compare groups, and one rank's empty group fails the others'
+  // instead of leaving them waiting.
+  bool grouped = false;
   // With packed_shapes of one dtype, on the CPU: where each tensor of the
   // group still is, in order, when the kernel left the packing to the engine
   // (`input` is null then, and `output` is the packed buffer).  The engine

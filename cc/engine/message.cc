@@ -123,6 +123,13 @@ bool GetEnum(Reader* r, E* e, uint8_t max_value) {
   return true;
 }
 
+bool GetBool(Reader* r, bool* b) {
+  uint8_t v = 0;
+  if (!GetEnum(r, &v, 1)) return false;
+  *b = v != 0;
+  return true;
+}
+
 void WriteRequest(const Request& q, Writer* w) {
   w->Put<int32_t>(q.rank);
   w->Put<uint8_t>(static_cast<uint8_t>(q.type));
@@ -135,6 +142,7 @@ void WriteRequest(const Request& q, Writer* w) {
   w->PutVector(q.splits);
   WriteShapes(q.packed_shapes, w);
   w->PutVector(q.packed_dtypes);
+  w->Put<uint8_t>(q.grouped ? 1 : 0);
   w->PutString(q.invalid);
 }
 
@@ -148,7 +156,8 @@ bool ReadRequest(Reader* r, Request* q) {
                  static_cast<uint8_t>(ReduceOp::kProduct)) &&
          r->Get(&q->root_rank) && r->Get(&q->device) &&
          r->GetVector(&q->splits) && ReadShapes(r, &q->packed_shapes) &&
-         ReadDtypes(r, &q->packed_dtypes) && r->GetString(&q->invalid);
+         ReadDtypes(r, &q->packed_dtypes) && GetBool(r, &q->grouped) &&
+         r->GetString(&q->invalid);
 }
 
 void WriteResponse(const Response& p, Writer* w) {
@@ -207,7 +216,7 @@ bool Request::operator==(const Request& o) const {
          dtype == o.dtype && shape == o.shape && reduce_op == o.reduce_op &&
          root_rank == o.root_rank && device == o.device && splits == o.splits &&
          packed_shapes == o.packed_shapes && packed_dtypes == o.packed_dtypes &&
-         invalid == o.invalid;
+         grouped == o.grouped && invalid == o.invalid;
 }
 
 bool Response::operator==(const Response& o) const {

@@ -37,6 +37,10 @@ struct Request {
   std::vector<Shape> packed_shapes;
   // TensorEntry::packed_dtypes (mixed-dtype groups); empty otherwise.
   std::vector<DataType> packed_dtypes;
+  // A grouped_allreduce's entry (packed_shapes may then be empty: a group of
+  // no tensors), so that a rank passing an empty group fails with the ranks
+  // passing a non-empty one instead of leaving them waiting.
+  bool grouped = false;
   // Why this rank's arguments are invalid (empty when they are valid; the
   // fields above are then unset): the coordinator fails the collective on
   // every rank with it, so that no rank waits for this one.

@@ -21,6 +21,7 @@ RequestList SampleRequests() {
   a.splits = {1, 2, 3};
   a.packed_shapes = {{2, 3}, {}, {0}};
   a.packed_dtypes = {DataType::kFloat32, DataType::kInt64, DataType::kBool};
+  a.grouped = true;
   list.requests.push_back(a);
   Request b;
   b.name = "";  // empty name and shape survive too

@@ -664,6 +664,28 @@ TEST(Negotiation, PackedGroupsCompareTheirTensors) {
                            "a group of 3 tensors"))
           << s.message();
     }
+    // A group of no tensors (the kernel's empty entry) meets the others'
+    // groups: rank 1's empty group fails every rank, and empty groups on
+    // every rank succeed.
+    auto empty_group = [&](const std::string& name) {
+      TensorEntry t = AllreduceEntry(name, DataType::kFloat32, {0}, buffer,
+                                     &buffer);
+      t.grouped = true;
+      return t;
+    };
+    {
+      auto f = Submit(e, rank == 1 ? empty_group("group")
+                                   : packed("group", {{2, 3}, {1}}));
+      Status s = Await(&f);
+      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+      EXPECT_TRUE(Contains(s.message(),
+                           "rank 0 has a group of 2 tensors but rank 1 has "
+                           "a group of 0 tensors"))
+          << s.message();
+      f = Submit(e, empty_group("empty"));
+      s = Await(&f);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+    }
     // Local misuse: packed shapes need a 1-D allreduce holding them.
     {
       auto f = Submit(e, packed("too-small", {{3, 3}}));

@@ -28,7 +28,7 @@ DataType PackedDtype(const Request& q, size_t i) {
 }
 
 std::string CalledWhat(const Request& q) {
-  if (q.packed_shapes.empty()) return CollectiveTypeName(q.type);
+  if (!q.grouped) return CollectiveTypeName(q.type);
   return "grouped_allreduce of " + std::to_string(q.packed_shapes.size()) +
          " tensors";
 }
@@ -36,8 +36,8 @@ std::string CalledWhat(const Request& q) {
 // Empty string when the packed groups of `a` and `b` (if any) agree tensor
 // by tensor.
 std::string ComparePackedGroups(const Request& a, const Request& b) {
-  if (a.packed_shapes.empty() && b.packed_shapes.empty()) return "";
-  if (a.packed_shapes.empty() || b.packed_shapes.empty()) {
+  if (!a.grouped && !b.grouped) return "";
+  if (a.grouped != b.grouped) {
     return "Mismatched collective \"" + a.name + "\": rank " +
            std::to_string(a.rank) + " called " + CalledWhat(a) +
            " but rank " + std::to_string(b.rank) + " called " + CalledWhat(b);

@@ -239,6 +239,7 @@ class GroupedAllreduceKernel : public ReducingKernel<Device> {
     entry.name = this->tensor_name();
     entry.reduce_op = this->reduce_op();
     entry.device = EngineDevice(ctx);
+    entry.grouped = true;
     Tensor buffer;
     std::vector<Tensor> inputs;
     OP_REQUIRES_OK_ASYNC(
@@ -362,6 +363,11 @@ class GroupedAllreduceKernel : public ReducingKernel<Device> {
     if (layout.segments.size() == 1) {
       entry->dtype = dtypes[0];
       entry->shape = Shape{layout.total_bytes / DataTypeSize(dtypes[0])};
+    } else if (n == 0) {
+      // An empty group still meets the other ranks' groups (`grouped`);
+      // float32 takes every reduce op.
+      entry->dtype = DataType::kFloat32;
+      entry->shape = Shape{0};
     } else {
       entry->dtype = DataType::kUint8;
       entry->shape = Shape{layout.total_bytes};

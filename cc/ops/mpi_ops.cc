@@ -80,7 +80,7 @@ tensor_name: Pairs this collective across ranks: every rank must submit the
 REGISTER_OP("MpiStrategyGroupedAllreduce")
     .Input("tensors: T")
     .Output("reduced: T")
-    .Attr("T: list(" MPISTRATEGY_ALL_TYPES ") >= 1")
+    .Attr("T: list(" MPISTRATEGY_ALL_TYPES ") >= 0")
     .Attr(MPISTRATEGY_REDUCE_OP_ATTR)
     .Attr("tensor_name: string = ''")
     .Attr("pack: bool = true")

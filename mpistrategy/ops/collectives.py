@@ -171,7 +171,9 @@ def grouped_allreduce(tensors, op=Sum, name=None, compression=None):
   op holds the only reference to the input).  On GPU the group is packed
   the same way, on the op's stream.  Ranks whose groups differ (length, a
   tensor's shape or dtype) get a `FailedPreconditionError` naming the group
-  and the tensor.
+  and the tensor.  An empty group is a collective too: it returns `[]` when
+  every rank passes one, and fails like any other group that differs when
+  only some do.
 
   Args:
     tensors: A list of tensors (dtypes may differ; see `allreduce`).
@@ -204,8 +206,6 @@ def grouped_allreduce(tensors, op=Sum, name=None, compression=None):
   op = _reduce_op(op, fn)
   _check_name(name, fn)
   compressor = compression_lib.get(compression, fn)
-  if not converted:
-    return []
   lib = runtime.started_library()
   tensor_name = _naming.tensor_name(name, "grouped_allreduce")
   if not any(compressor.compresses(t.dtype) for t in converted):
@@ -238,6 +238,13 @@ def _grouped_allreduce_uncompressed(tensors, op, tensor_name, lib):
   Returns:
     The list of reduced tensors.
   """
+  if not tensors:
+    # Still a collective, so that ranks passing a non-empty group fail
+    # with this one instead of waiting for it.  In a graph the op has no
+    # outputs and is an `Operation`; the function runs it as stateful.
+    lib.ops.mpi_strategy_grouped_allreduce(
+        [], reduce_op=op.value, tensor_name=tensor_name)
+    return []
   divide_after = []
   if (op == ReduceOp.MEAN and _all_floating(tensors) and
       any(t.dtype in _DIVIDE_FIRST_DTYPES for t in tensors)):

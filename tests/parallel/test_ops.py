@@ -267,6 +267,24 @@ def test_grouped_allreduce_mean_and_empty():
   np.testing.assert_allclose(ys[0].numpy(), np.full([3], mean))
   np.testing.assert_allclose(ys[1].numpy(), np.full([2, 2], 2 * mean))
   assert ops.grouped_allreduce([]) == []
+  assert ops.grouped_allreduce([], op=ops.Average) == []
+
+
+@needs_peers
+@pytest.mark.parametrize("mode", MODES)
+def test_an_empty_group_on_one_rank_fails_on_every_rank(mode):
+  # An empty group is a collective too: the last rank's must not return at
+  # once and leave the others waiting for it.
+  last = SIZE - 1
+  def call():
+    group = [] if RANK == last else [tf.ones([3]), tf.ones([2])]
+    return ops.grouped_allreduce(group, name=f"grouped/empty/{mode}")
+  with pytest.raises(tf.errors.FailedPreconditionError,
+                     match=f"rank 0 has a group of 2 tensors but rank {last} "
+                     "has a group of 0 tensors"):
+    run(mode, call)
+  assert run(mode, lambda: ops.grouped_allreduce(
+      [], name=f"grouped/all-empty/{mode}")) == []
 
 
 @pytest.mark.parametrize("mode", MODES)
