@@ -830,6 +830,29 @@ def _write_tf_checkpoint_atomically(orig_write, ckpt, prefix, options):
   return prefix
 
 
+def _check_files_like_chief(local, prefix):
+  """On rank 0's host, a rank > 0's `Checkpoint` write fails where rank 0's.
+
+  Rank 0 never puts a checkpoint file where the user has a directory
+  (`_write_tf_checkpoint_atomically`); this rank's files, written under its
+  mirror prefix `local`, are checked against the user's `prefix` the same
+  way, and removed if one differs.
+
+  Raises:
+    IsADirectoryError: a file of the checkpoint is a directory at `prefix`.
+  """
+  real = os.path.realpath(os.fspath(prefix))
+  produced = glob.glob(glob.escape(local) + ".*")
+  try:
+    for f in produced:
+      suffix = f[len(local):]
+      _check_same_kind(f, real + suffix, os.fspath(prefix) + suffix)
+  except OSError:
+    for f in produced:
+      _remove_quietly(f)
+    raise
+
+
 # ------------------------------------------------------------ broadcasting
 
 
@@ -1014,6 +1037,9 @@ def patch_tf_checkpoint():
       local = _mirror_for_write(file_prefix)
     with _naming_user_path(file_prefix, local):
       written = orig_write(self, local, options)
+    if (not isinstance(written, tf.Tensor) and _is_local(file_prefix) and
+        _on_chief_host()):
+      _check_files_like_chief(local, file_prefix)
     if isinstance(written, tf.Tensor):  # written inside a tf.function
       with tf.control_dependencies([written]):
         return tf.identity(tf.convert_to_tensor(file_prefix, tf.string))

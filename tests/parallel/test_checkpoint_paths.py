@@ -200,22 +200,27 @@ def test_a_save_never_puts_a_file_for_a_directory_or_back(strategy, workdir):
   a_dir = os.path.join(workdir, "taken.keras")
   a_file = os.path.join(workdir, "taken_file")
   holder = os.path.join(workdir, "sm")
+  prefix = os.path.join(workdir, "ck")  # ck.index is a directory of mine
+  checkpoint = tf.train.Checkpoint(v=tf.Variable(1.0))
 
   def populate():
     _write(os.path.join(a_dir, "mine.txt"), "mine")
     _write(a_file, "mine")
     _write(os.path.join(holder, "variables"), "a file of mine")
+    _write(os.path.join(prefix + ".index", "mine.txt"), "mine")
 
   _on_rank_0(populate)
   for save, path in [(m.save, a_dir), (m.export, a_file),
                      (lambda p: tf.saved_model.save(m, p), holder),
-                     (m.save, os.path.join(a_file, "under.keras"))]:
+                     (m.save, os.path.join(a_file, "under.keras")),
+                     (checkpoint.write, prefix)]:
     with pytest.raises((OSError, tf.errors.OpError)):
       save(path)
   ops.barrier()
   assert _read(os.path.join(a_dir, "mine.txt")) == "mine"
   assert _read(a_file) == "mine"
   assert _read(os.path.join(holder, "variables")) == "a file of mine"
+  assert _read(os.path.join(prefix + ".index", "mine.txt")) == "mine"
   assert not [n for n in os.listdir(workdir)
               if n.startswith(".mpistrategy-tmp-")]
 
