@@ -1,12 +1,16 @@
 """The names that pair a collective across ranks.
 
 A collective is matched across ranks by name.  Without an explicit
-`name`, calls inside a `tf.function` are named `<function graph path>/<unique
-op name>`, which is identical on every rank because every rank traces the
+`name`, calls inside a `tf.function` are named `<function graph path>/<name
+scope>/<op>`, which is identical on every rank because every rank traces the
 same program.  The graph path lists the enclosing function graphs (e.g.
 `train_step/cond_true/...`) with TensorFlow's process-global uid suffixes
 removed, so a rank that traced more functions than the others (say, rank 0
-saving a checkpoint) still agrees.
+saving a checkpoint) still agrees.  The name scope loses TensorFlow's
+`_<n>` suffixes too, which count earlier uses in the same trace, and a
+graph's collectives of the same name are numbered in the order they are
+created (`#1`, `#2`, ...), so that a rank that traced a function again (a
+last batch of another shape) names its collectives as the first trace did.
 
 Eager calls are named `eager/<op>`, the same name for every call: an eager
 call blocks until its collective is done, so one thread has at most one in
@@ -29,8 +33,10 @@ path>/allreduce_1`, so a stall warning or timeout says which Keras call the
 waiting ranks are in, and collectives of different Keras calls never pair.
 """
 
+import collections
 import re
 import threading
+import weakref
 
 import tensorflow as tf
 
@@ -44,7 +50,7 @@ def tensor_name(name, kind):
     _claim_eager_default_names(kind)
     return f"{prefix}eager/{kind}"
   graph = tf.compat.v1.get_default_graph()
-  return f"{prefix}{_graph_path(graph)}/{graph.unique_name(kind)}"
+  return f"{prefix}{_graph_path(graph)}/{_name_in_graph(graph, kind)}"
 
 
 # The public calls (e.g. "Model.evaluate") this thread is inside, outermost
@@ -128,6 +134,44 @@ def _claim_eager_default_names(kind):
 # checkpoint): they are dropped.  The chain of enclosing graphs keeps names
 # of branches of different functions apart.
 _TF_UID = re.compile(r"_\d+(?=_|$)")
+
+
+# The names a graph's collectives took so far, by name without ordinal.
+_TAKEN = weakref.WeakKeyDictionary()
+# The suffixes that make a name unique: TensorFlow's in its graph (`_1` for
+# a scope's second use) after Keras' in the process (optimizer `sgd_1`).
+_SCOPE_ORDINAL = re.compile(r"(_\d+)+$")
+
+
+def _name_in_graph(graph, kind):
+  """`<name scope>/<kind>`, unique in `graph` by the order of creation.
+
+  TensorFlow makes a name scope unique by appending `_1`, `_2`, ... for
+  each earlier use in the same graph, so its names depend on what this
+  trace did before: the first trace of a custom training step also builds
+  the optimizer (`sgd`), and its apply scope becomes `sgd_1`, while a
+  later trace (a rank whose last batch has another shape) applies under
+  `sgd`; Keras, too, numbers an optimizer named like an earlier one
+  (`sgd_1`, whose second use is `sgd_1_1`).  Those ordinals are dropped,
+  and the graph's collectives of the
+  same name are told apart by the order in which they are created, which
+  is the same in every trace of the same code.
+
+  Args:
+    graph: the graph the collective is created in.
+    kind: the op, e.g. "allreduce".
+
+  Returns:
+    The name, e.g. "sgd/MPIAllReduce/allreduce" or, for the next one of
+    that name, "sgd/MPIAllReduce/allreduce#1".
+  """
+  scope = graph.get_name_scope()
+  parts = [_SCOPE_ORDINAL.sub("", part) for part in scope.split("/") if part]
+  base = "/".join(parts + [kind])
+  taken = _TAKEN.setdefault(graph, collections.Counter())
+  ordinal = taken[base]
+  taken[base] += 1
+  return base if ordinal == 0 else f"{base}#{ordinal}"
 
 
 def _graph_path(graph):

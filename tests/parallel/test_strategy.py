@@ -390,6 +390,40 @@ def test_custom_training_loop_matches_single_process(strategy):
     np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.timeout(120)
+def test_a_rank_that_traces_the_step_again_still_pairs(strategy):
+  # The README's custom loop, with an optimizer built in the first trace:
+  # the last global batch is one row short, so only the last rank gets a
+  # new shape and traces `train_step` again, now without the optimizer's
+  # build.  Its collectives must keep the names of the first trace.
+  gbs = 4 * N
+  rows = np.arange(2 * gbs - 1, dtype=np.float32)
+  with strategy.scope():
+    w = tf.Variable(1.0)
+    keras.optimizers.SGD(0.1)  # so that Keras names the next one "sgd_<n>"
+    opt = keras.optimizers.SGD(0.1)
+  dist = strategy.experimental_distribute_dataset(
+      tf.data.Dataset.from_tensor_slices(rows).batch(gbs))
+
+  @tf.function
+  def train_step(batch):
+    def step(x):
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(x * w) / gbs
+      opt.apply_gradients([(tape.gradient(loss, w), w)])
+      return loss
+    return strategy.reduce("SUM", strategy.run(step, args=(batch,)), axis=None)
+
+  for batch in dist:
+    train_step(batch)
+  assert train_step.experimental_get_tracing_count() == (2 if R == N - 1
+                                                         else 1)
+  want = 1.0
+  for begin in range(0, len(rows), gbs):
+    want -= 0.1 * rows[begin:begin + gbs].sum() / gbs
+  np.testing.assert_allclose(w.numpy(), want, rtol=1e-6)
+
+
 def test_communication_options():
   opts = tf.distribute.experimental.CommunicationOptions
   impl = tf.distribute.experimental.CommunicationImplementation
