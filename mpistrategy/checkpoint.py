@@ -78,6 +78,7 @@ import ctypes
 import errno
 import fcntl
 import glob
+import json
 import os
 import re
 import shutil
@@ -1248,6 +1249,51 @@ def _local_reads():
     _LOCAL.local_reads = before
 
 
+# In BackupAndRestore's training_metadata.json: the weights file of the same
+# save, until it is renamed over the backup's weights.
+_PENDING_WEIGHTS = "mpistrategy_pending_weights"
+_PENDING_PREFIX = ".mpistrategy-pending-"
+
+
+def _pending_weights(weights, token):
+  """Where rank 0 writes a backup's weights before the metadata commits
+  them: a name of its own per save (`token`), ending in the `.weights.h5`
+  that Keras requires."""
+  directory, name = os.path.split(weights)
+  return os.path.join(directory, f"{_PENDING_PREFIX}{token}-{name}")
+
+
+def _finish_backup(callback):
+  """Completes or discards a backup save that a kill interrupted.
+
+  The metadata names the pending weights file of its save (see the patched
+  `_save_model`): where that file is still there, the save was committed
+  and is finished by renaming it over the weights; a pending file that the
+  metadata does not name is from a save that never committed.
+  """
+  weights = callback._weights_path  # pylint: disable=protected-access
+  directory, name = os.path.split(weights)
+  try:
+    pending = [os.path.join(directory, n) for n in os.listdir(directory or ".")
+               if n.startswith(_PENDING_PREFIX) and n.endswith("-" + name)]
+  except OSError:  # no backup yet
+    return
+  if not pending:
+    return
+  named = None
+  try:
+    with open(callback._training_metadata_path) as f:  # pylint: disable=protected-access
+      named = json.load(f).get(_PENDING_WEIGHTS)
+  except (OSError, ValueError, AttributeError):
+    pass
+  for path in pending:
+    if os.path.basename(path) == named:
+      os.replace(path, weights)
+      _fsync(os.path.dirname(os.path.abspath(weights)), directory=True)
+    else:
+      _remove_quietly(path)
+
+
 def patch_keras_callbacks():
   backup_and_restore = _tfp.keras_backup_and_restore
   model_checkpoint = _tfp.keras_model_checkpoint
@@ -1266,6 +1312,8 @@ def patch_keras_callbacks():
   def on_train_begin(self, logs=None):
     if not _active():
       return orig_begin(self, logs)
+    if _is_chief() and _is_local(self._training_metadata_path):  # pylint: disable=protected-access
+      _finish_backup(self)
     _join_read("BackupAndRestore (fit's start)")
     # Every rank resumes from rank 0's backup (same epoch, same weights).
     _sync_files([getattr(self, a) for a in _BAR_ATTRS[1:]])
@@ -1278,23 +1326,36 @@ def patch_keras_callbacks():
     final = self._training_metadata_path  # pylint: disable=protected-access
     if not _is_local(final):
       return orig_save(self)
-    # The weights file is replaced atomically by the patched save_weights;
-    # the metadata goes to a temporary file, renamed over the old one.
-    if (getattr(self, "double_checkpoint", False) and
-        file_utils.exists(final)):
-      file_utils.copy(final, self._prev_training_metadata_path)  # pylint: disable=protected-access
+    # Weights and metadata change together: the weights go to a pending
+    # file, the metadata (naming it) to a temporary file renamed over the
+    # old one, which commits the pair; then the pending file is renamed
+    # over the weights.  A kill before the commit leaves the old pair, one
+    # after it is finished by the next `fit` (`_finish_backup`).
+    weights = self._weights_path  # pylint: disable=protected-access
+    if getattr(self, "double_checkpoint", False):
+      for path, prev in ((weights, self._prev_weights_path),  # pylint: disable=protected-access
+                         (final, self._prev_training_metadata_path)):  # pylint: disable=protected-access
+        if file_utils.exists(path):
+          file_utils.copy(path, prev)
+    pending = _pending_weights(weights, uuid.uuid4().hex[:12])
     tmp = _temp_sibling(final)
-    self._training_metadata_path = tmp  # pylint: disable=protected-access
+    self._weights_path, self._training_metadata_path = pending, tmp  # pylint: disable=protected-access
     try:
       orig_save(self)
+      with open(tmp) as f:
+        meta = json.load(f)
+      meta[_PENDING_WEIGHTS] = os.path.basename(pending)
+      with open(tmp, "w") as f:
+        json.dump(meta, f)
       _sync_tree(tmp)
       os.replace(tmp, final)
+      os.replace(pending, weights)
       _fsync(os.path.dirname(os.path.abspath(final)), directory=True)
     except BaseException:
       _remove_quietly(tmp)
       raise
     finally:
-      self._training_metadata_path = final  # pylint: disable=protected-access
+      self._weights_path, self._training_metadata_path = weights, final  # pylint: disable=protected-access
 
   def on_train_end(self, logs=None):
     return _call(orig_end, self, logs)

@@ -9,7 +9,9 @@ gives every rank rank 0's state.
 """
 
 import hashlib
+import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -203,6 +205,75 @@ def test_backup_and_restore_resumes_everywhere(strategy, workdir):
                           [v.numpy() for v in m2.optimizer.variables])
   assert not os.path.exists(backup)  # deleted at the end of training (rank 0)
   del saved
+
+
+class _KilledBetweenTheTwoFiles(keras.callbacks.Callback):
+  """After the backup of batch 2, leaves rank 0's backup as a kill right
+  after its metadata committed would: the metadata of batch 2, its weights
+  still pending, the weights file of batch 1.  Then every rank stops."""
+
+  def __init__(self, backup):
+    super().__init__()
+    self.weights = os.path.join(backup, "latest.weights.h5")
+    self.meta = os.path.join(backup, "training_metadata.json")
+    self.older = os.path.join(os.path.dirname(backup), "batch1.weights.h5")
+    self.saved = None
+
+  def on_train_batch_end(self, batch, logs=None):
+    if batch == 1 and R == 0:
+      shutil.copy(self.weights, self.older)
+    if batch != 2:
+      return
+    self.saved = [w.numpy() for w in self.model.weights]
+    if R == 0:
+      pending = self._pending("killed")
+      os.replace(self.weights, pending)
+      with open(self.meta) as f:
+        meta = json.load(f)
+      meta["mpistrategy_pending_weights"] = os.path.basename(pending)
+      with open(self.meta, "w") as f:
+        json.dump(meta, f)
+      shutil.copy(self.older, self.weights)
+      # And one of a save that never committed.
+      shutil.copy(self.older, self._pending("stray"))
+    raise _Interrupt()
+
+  def _pending(self, token):
+    # Where rank 0 writes a save's weights until its metadata commits them.
+    return os.path.join(os.path.dirname(self.weights),
+                        f".mpistrategy-pending-{token}-latest.weights.h5")
+
+
+class _WeightsAtStart(keras.callbacks.Callback):
+
+  def on_train_begin(self, logs=None):
+    self.weights = [w.numpy() for w in self.model.weights]
+    raise _Interrupt()
+
+
+@pytest.mark.timeout(300)
+def test_backup_killed_between_weights_and_metadata_resumes_the_pair(
+    strategy, workdir):
+  # A backup is two files; a resumed run must never see one save's
+  # metadata with another save's weights (a batch trained twice).
+  x, y = _data()
+  backup = os.path.join(workdir, "backup")
+  killed = _KilledBetweenTheTwoFiles(backup)
+  with pytest.raises(_Interrupt):
+    _model(strategy).fit(x, y, batch_size=32 * N, epochs=2, verbose=0,
+                         callbacks=[keras.callbacks.BackupAndRestore(
+                             backup, save_freq=1), killed])
+  ops.barrier()
+  start = _WeightsAtStart()
+  with pytest.raises(_Interrupt):
+    _model(strategy).fit(x, y, batch_size=32 * N, epochs=2, verbose=0,
+                         callbacks=[keras.callbacks.BackupAndRestore(
+                             backup, save_freq=1), start])
+  for a, b in zip(start.weights, killed.saved):
+    np.testing.assert_array_equal(a, b)
+  ops.barrier()
+  assert sorted(os.listdir(backup)) == ["latest.weights.h5",
+                                        "training_metadata.json"]
 
 
 @pytest.mark.timeout(300)
