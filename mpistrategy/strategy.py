@@ -237,7 +237,8 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
     # would shard it again (each rank keeping 1/N of its shard) and split its
     # batches as if they were global.  It is distributed like one returned by
     # `distribute_datasets_from_function`: as it is, its batch size per rank.
-    if self._num_workers > 1 and _sharded_by_user(dataset, self._num_workers):
+    if (self._num_workers > 1 and
+        _sharded_per_rank(dataset, self._num_workers, self._id_in_cluster)):
       _log_user_sharding_once(self._id_in_cluster, self._num_workers)
       return self._distribute_datasets_from_function(
           lambda unused_input_context: dataset, options)
@@ -490,8 +491,46 @@ class MPIStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     return super().reduce(reduce_op, value, axis)
 
 
-def _sharded_by_user(dataset, num_shards):
-  """True if `dataset` contains `.shard(num_shards, ...)` and auto-shards.
+def _sharded_per_rank(dataset, num_shards, rank):
+  """True if `dataset` was sharded per rank by the user (`_user_shard`).
+
+  A `shard(size, rank)` has each rank's own index; a `shard(size, 0)` on
+  every rank is a split (a hold-out, say) and is sharded across the ranks
+  like any other dataset, as under one process with several replicas.
+  Where the shard's index is a constant, the ranks compare their indices
+  (one small allgather, eagerly); a computed index counts as the rank.
+
+  Args:
+    dataset: a `tf.data.Dataset`.
+    num_shards: the world size.
+    rank: this rank.
+
+  Returns:
+    A bool, the same on every rank.
+  """
+  found, index = _user_shard(dataset, num_shards)
+  if not found:
+    return False
+  if not tf.executing_eagerly():
+    return True
+  from mpistrategy import ops  # pylint: disable=g-import-not-at-top
+  indices = ops.allgather(
+      tf.constant([-1 if index is None else index], tf.int64),
+      name="MPIStrategy.user_shard_indices").numpy().tolist()
+  if all(i in (-1, r) for r, i in enumerate(indices)):
+    return True
+  if rank == 0 and "split" not in _LOGGED:
+    _LOGGED.add("split")
+    tf.get_logger().info(
+        "MPIStrategy: the dataset's shard(%d, ...) has the indices %s on "
+        "ranks 0..%d, not each rank's own: it is a split, and is sharded "
+        "across the ranks like any other dataset.", num_shards, indices,
+        num_shards - 1)
+  return False
+
+
+def _user_shard(dataset, num_shards):
+  """Whether `dataset` contains `.shard(num_shards, ...)` and auto-shards.
 
   Looks through the Python objects of the pipeline (`_inputs()`), so it sees
   every transformation built in this process; a shard inside the function
@@ -503,16 +542,16 @@ def _sharded_by_user(dataset, num_shards):
     num_shards: the world size.
 
   Returns:
-    A bool.
+    `(found, index)`: the shard's index where it is a constant, else None.
   """
   if not isinstance(dataset, tf.data.Dataset):
-    return False
+    return False, None
   try:
     policy = dataset.options().experimental_distribute.auto_shard_policy
   except (AttributeError, TypeError):
-    return False
+    return False, None
   if policy != tf.data.experimental.AutoShardPolicy.AUTO:
-    return False
+    return False, None
   seen = set()
   pending = [dataset]
   while pending:
@@ -524,13 +563,14 @@ def _sharded_by_user(dataset, num_shards):
     if type(d).__name__ == "_ShardDataset" and shards is not None:
       value = tf.get_static_value(shards)
       if value is not None and int(value) == num_shards:
-        return True
+        index = tf.get_static_value(getattr(d, "_index", None))
+        return True, None if index is None else int(index)
     try:
       pending.extend(i for i in d._inputs()  # pylint: disable=protected-access
                      if isinstance(i, tf.data.Dataset))
     except (AttributeError, NotImplementedError, TypeError):
       continue
-  return False
+  return False, None
 
 
 _LOGGED = set()

@@ -93,6 +93,19 @@ def test_unsharded_dataset_is_still_split_over_the_ranks(strategy):
 
 
 @pytest.mark.timeout(120)
+def test_a_split_with_the_same_index_everywhere_is_sharded_again(strategy):
+  if N == 1:
+    pytest.skip("needs several ranks")
+  # shard(N, 0) on every rank holds out a part (a train/validation split):
+  # the ranks share it, as the replicas of one process would.
+  held_out = tf.data.Dataset.range(PER_RANK * N).shard(N, 0)
+  ds = held_out.batch(BATCH * N)
+  rows = _local_rows(strategy, strategy.experimental_distribute_dataset(ds))
+  everyone = ops.allgather(tf.constant(rows, tf.int64)).numpy().tolist()
+  assert sorted(everyone) == list(range(0, PER_RANK * N, N))
+
+
+@pytest.mark.timeout(120)
 def test_other_shard_counts_and_explicit_policies_are_left_alone(strategy):
   if N == 1:
     pytest.skip("needs several ranks")
