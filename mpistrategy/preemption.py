@@ -102,6 +102,8 @@ class _Watch:
     self.signum = None
     self.previous = None
     self.noted_at = None   # time.monotonic() of the first signal
+    self.noted_name = None  # its name, for messages
+    self.told_unsaved_at = None  # the noted_at the end of a watch reported
 
 
 _WATCH = _Watch()
@@ -120,9 +122,10 @@ def _rank():
 def _on_signal(signum, unused_frame):
   if _WATCH.noted_at is None:
     _WATCH.noted_at = time.monotonic()
-    _say(f"rank {_rank()} got {signal.Signals(signum).name}: every rank "
-         "saves at the next step boundary and exits with status "
-         f"{EXIT_CODE}")
+    _WATCH.noted_name = signal.Signals(signum).name
+    _say(f"rank {_rank()} got {_WATCH.noted_name}: every rank saves at the "
+         "next step boundary of fit (BackupAndRestore) or of the "
+         f"preemption handler's loop, and exits with status {EXIT_CODE}")
 
 
 def watch():
@@ -159,6 +162,15 @@ def unwatch():
         threading.current_thread() is threading.main_thread()):
       signal.signal(_WATCH.signum, _WATCH.previous or signal.SIG_DFL)
       _WATCH.signum = _WATCH.previous = None
+      if _WATCH.noted_at not in (None, _WATCH.told_unsaved_at):
+        # The signal came after the last step boundary (the end of fit):
+        # nothing acted on it, and the program goes on.
+        _WATCH.told_unsaved_at = _WATCH.noted_at
+        _say(f"rank {_rank()}: {_WATCH.noted_name or 'the signal'} came "
+             "after the last step "
+             "boundary, so nothing was saved or stopped for it; the program "
+             "goes on (a later fit or preemption handler saves and exits at "
+             "its first step boundary)")
 
 
 # The BackupAndRestore callbacks that watch the signal during a fit.  Keras

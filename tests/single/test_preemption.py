@@ -87,6 +87,27 @@ def test_fit_saves_on_sigterm_and_resumes_at_the_next_batch(tmp_path):
   _assert_as_uninterrupted(strategy, fit, resumed)
 
 
+class _SignalAtTheLastEpochEnd(keras.callbacks.Callback):
+
+  def on_epoch_end(self, epoch, logs=None):
+    if epoch == self.params["epochs"] - 1:
+      os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_signal_after_the_last_step_says_nothing_was_saved(tmp_path,
+                                                             capfd):
+  # No step boundary follows, so fit returns; the rank must not leave the
+  # promise of a save standing.
+  strategy, fit, backup = _fit_setup(tmp_path, epochs=1)
+  model = _model(strategy)
+  model.fit(**fit, callbacks=[keras.callbacks.BackupAndRestore(backup),
+                              _SignalAtTheLastEpochEnd()])
+  err = capfd.readouterr().err
+  assert "got SIGTERM: every rank saves at the next step boundary" in err
+  assert ("SIGTERM came after the last step boundary, so nothing was saved "
+          "or stopped for it; the program goes on") in err, err
+
+
 class _RaiseAtEpoch(keras.callbacks.Callback):
 
   def on_epoch_begin(self, epoch, logs=None):
