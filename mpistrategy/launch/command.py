@@ -329,6 +329,9 @@ def _program(args, environ, executable):
     return [executable, *args.command]
   if os.sep not in first and shutil.which(first, path=environ.get("PATH")):
     return list(args.command)
+  if os.path.isdir(first):
+    raise ValueError(f"{first}: is a directory (give the Python script to "
+                     "run, or a program on PATH)")
   raise ValueError(f"{first}: no such file (give the Python script to run, "
                    "or a program on PATH)")
 

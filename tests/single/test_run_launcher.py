@@ -464,6 +464,7 @@ def test_unknown_mpistrategy_variable_is_a_warning(script):
      "got 0"),
     (["{script}"], "-np/--num-proc is required"),
     (["-np", "2", "no_such_script.py"], "no_such_script.py: no such file"),
+    (["-np", "2", "/tmp"], "/tmp: is a directory"),
     (["-np", "2"], "no script given"),
     (["-np", "2", "-H", "host1:0", "{script}"], "-H/--hosts: 'host1:0'"),
     (["-np", "2", "-H", "a:1", "--hostfile", "{script}", "{script}"],
@@ -1052,6 +1053,10 @@ def test_min_np_drops_a_host_that_no_longer_answers(
 @pytest.mark.parametrize("argv, message", [
     (["-np", "2", "--restarts", "-1", "{script}"], "--restarts must be >= 0"),
     (["-np", "2", "--min-np", "1", "{script}"], "--min-np M needs"),
+    (["--min-np", "3", "--restarts", "1", "-H", "localhost:2", "{script}"],
+     "--min-np 3 is more than the 2 ranks the job starts with"),
+    (["-np", "2", "--min-np", "3", "--restarts", "1", "-H", "a:2,b:2",
+      "{script}"], "--min-np 3 is more than the 2 ranks"),
     (["-np", "2", "--preemption-signal", "KILL", "{script}"],
      "--preemption-signal: SIGKILL cannot be caught"),
     (["-np", "2", "--preemption-signal", "NOPE", "{script}"],
