@@ -317,7 +317,10 @@ def patch_preemption_checkpoint_handler():
       return None
     self._save_checkpoint(*args, **kwargs)  # pylint: disable=protected-access
     self._stop_poll_termination_signal_thread()  # pylint: disable=protected-access
-    exit_preempted(step, self._exit_fn)  # pylint: disable=protected-access
+    # run() checks before its step; save_checkpoint_if_preempted() after
+    # the user's step, counted only on its return.
+    done = step + (1 if getattr(self, "_mpistrategy_after_step", False) else 0)
+    exit_preempted(done, self._exit_fn)  # pylint: disable=protected-access
     self._received_own_sigterm.clear()  # pylint: disable=protected-access
     return None
 
@@ -327,7 +330,17 @@ def patch_preemption_checkpoint_handler():
       unwatch()
     return orig_del(self)
 
+  orig_save_if = handler.save_checkpoint_if_preempted
+
+  def save_checkpoint_if_preempted(self, *args, **kwargs):
+    self._mpistrategy_after_step = True  # pylint: disable=protected-access
+    try:
+      return orig_save_if(self, *args, **kwargs)
+    finally:
+      self._mpistrategy_after_step = False  # pylint: disable=protected-access
+
   handler.__init__ = __init__
+  handler.save_checkpoint_if_preempted = save_checkpoint_if_preempted
   handler._start_watching_for_signal = _start_watching_for_signal  # pylint: disable=protected-access
   handler._check_preemption_and_maybe_checkpoint = (  # pylint: disable=protected-access
       _check_preemption_and_maybe_checkpoint)

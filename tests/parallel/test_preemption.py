@@ -77,3 +77,24 @@ def test_handler_catches_the_signal_and_every_rank_saves_at_one_step(
   assert restored.numpy() == 4.0
   handler.__del__()  # as garbage collection does: the handler goes
   assert signal.getsignal(signal.SIGTERM) is not preemption._on_signal  # pylint: disable=protected-access
+
+
+def test_save_checkpoint_if_preempted_names_the_steps_done(
+    strategy, workdir, capfd):
+  # TF's other API: called after each of the user's steps, it counts that
+  # step only on its return, yet the message must count it.
+  with strategy.scope():
+    v = tf.Variable(0.0)
+  handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+      strategy.cluster_resolver, tf.train.Checkpoint(v=v), workdir,
+      tf.distribute.experimental.TerminationConfig(exit_fn=_exit))
+  with pytest.raises(_Exit):
+    for step in range(1, 10):
+      v.assign_add(1.0)
+      if step == 3 and R == N - 1:
+        os.kill(os.getpid(), signal.SIGTERM)
+      handler.save_checkpoint_if_preempted()
+  assert v.numpy() == 3.0
+  assert (f"preempted: rank {R} saved after step 3 and exits"
+          in capfd.readouterr().err)
+  handler.__del__()
