@@ -167,10 +167,9 @@ def unwatch():
         # nothing acted on it, and the program goes on.
         _WATCH.told_unsaved_at = _WATCH.noted_at
         _say(f"rank {_rank()}: {_WATCH.noted_name or 'the signal'} came "
-             "after the last step "
-             "boundary, so nothing was saved or stopped for it; the program "
-             "goes on (a later fit or preemption handler saves and exits at "
-             "its first step boundary)")
+             "after the last step boundary, so nothing was saved or stopped "
+             "for it; the program goes on (a later fit or preemption handler "
+             "saves and exits at its first step boundary)")
 
 
 # The BackupAndRestore callbacks that watch the signal during a fit.  Keras

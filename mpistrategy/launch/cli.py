@@ -237,11 +237,11 @@ def main(argv=None):
     return 2
   if args.min_np is not None:
     try:
-      hosts = command_lib._parse_hosts(args.hosts)  # pylint: disable=protected-access
+      start = command_lib._num_proc(  # pylint: disable=protected-access
+          args, command_lib._parse_hosts(args.hosts))  # pylint: disable=protected-access
     except ValueError as e:
       supervise.say(f"error: {e}")
       return 2
-    start = args.num_proc or sum(1 if n is None else n for _, n in hosts)
     if args.min_np > start:
       supervise.say(f"error: --min-np {args.min_np} is more than the {start} "
                     f"ranks the job starts with (-np {args.num_proc}, -H "

@@ -153,9 +153,9 @@ def _name_in_graph(graph, kind):
   later trace (a rank whose last batch has another shape) applies under
   `sgd`; Keras, too, numbers an optimizer named like an earlier one
   (`sgd_1`, whose second use is `sgd_1_1`).  Those ordinals are dropped,
-  and the graph's collectives of the
-  same name are told apart by the order in which they are created, which
-  is the same in every trace of the same code.
+  and the graph's collectives of the same name are told apart by the order
+  in which they are created, which is the same in every trace of the same
+  code.
 
   Args:
     graph: the graph the collective is created in.
