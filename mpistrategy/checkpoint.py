@@ -1340,6 +1340,7 @@ def patch_keras_callbacks():
     pending = _pending_weights(weights, uuid.uuid4().hex[:12])
     tmp = _temp_sibling(final)
     self._weights_path, self._training_metadata_path = pending, tmp  # pylint: disable=protected-access
+    committed = False
     try:
       orig_save(self)
       with open(tmp) as f:
@@ -1349,10 +1350,13 @@ def patch_keras_callbacks():
         json.dump(meta, f)
       _sync_tree(tmp)
       os.replace(tmp, final)
+      committed = True
       os.replace(pending, weights)
       _fsync(os.path.dirname(os.path.abspath(final)), directory=True)
     except BaseException:
       _remove_quietly(tmp)
+      if not committed:  # a committed one is finished by `_finish_backup`
+        _remove_quietly(pending)
       raise
     finally:
       self._weights_path, self._training_metadata_path = weights, final  # pylint: disable=protected-access
