@@ -286,6 +286,26 @@ def test_grouped_allreduce(mode):
   assert summed[1].values.shape[0] == S
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("others", [1, 2])
+def test_grouped_allreduce_of_an_empty_list_on_one_rank_fails_everywhere(
+    mode, others):
+  # Horovod's grouped_allreduce([]) is a collective too; a group of one
+  # must not travel as a plain allreduce that the empty group never meets.
+  if SIZE == 1:
+    pytest.skip("needs two ranks")
+  last = SIZE - 1
+  def call():
+    group = [] if RANK == last else [tf.ones([3])] * others
+    return hvd.grouped_allreduce(group, name=f"hvd/empty/{mode}/{others}")
+  with pytest.raises(tf.errors.FailedPreconditionError,
+                     match=f"rank 0 has a group of {others} tensors? but "
+                     f"rank {last} has a group of 0 tensors"):
+    run(mode, call)
+  assert run(mode, lambda: hvd.grouped_allreduce(
+      [], name=f"hvd/all-empty/{mode}/{others}")) == []
+
+
 # --- allgather, broadcast ---------------------------------------------------
 
 

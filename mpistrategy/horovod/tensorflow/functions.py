@@ -175,8 +175,14 @@ def _allreduce_indexed_slices(slices, op, prescale, postscale, name, fn):
 
 
 def _reduce_dense_group(tensors, op, compression, prescale, postscale, name,
-                        fn):
-  """Reduces dense tensors as one ops.grouped_allreduce (one if just one)."""
+                        fn, grouped=False):
+  """Reduces dense tensors as one ops.grouped_allreduce.
+
+  A single tensor travels as a plain allreduce unless `grouped`: what
+  `hvd.grouped_allreduce` sends, so that every rank's group, empty or not,
+  is compared with the others' (a rank with no tensors must not return
+  alone).
+  """
   tensors = [_scale(tf.convert_to_tensor(t), prescale) for t in tensors]
   if op == Average and any(t.dtype == tf.bool for t in tensors):
     raise ValueError(f"{fn}: op=hvd.Average is not defined for bool tensors; "
@@ -192,7 +198,7 @@ def _reduce_dense_group(tensors, op, compression, prescale, postscale, name,
                else _divide_by_size(t) for t in tensors]
   compressed = [compression.compress(t) for t in tensors]
   wires = [w for w, _ in compressed]
-  if len(wires) == 1:
+  if len(wires) == 1 and not grouped:
     reduced = [ops.allreduce(wires[0], op=wire_op, name=name)]
   else:
     reduced = ops.grouped_allreduce(wires, op=wire_op, name=name)
@@ -286,10 +292,10 @@ def grouped_allreduce(tensors, average=None, device_dense="",
       results[i] = _allreduce_indexed_slices(
           t, op, prescale_factor, postscale_factor, _sub_name(name, str(i)),
           fn)
-  if dense:
+  if dense or not tensors:
     reduced = _reduce_dense_group([tensors[i] for i in dense], op,
                                   compression, prescale_factor,
-                                  postscale_factor, name, fn)
+                                  postscale_factor, name, fn, grouped=True)
     for i, r in zip(dense, reduced):
       results[i] = r
   return results
