@@ -11,12 +11,14 @@ The scripts print through `scripts/_rankio.py`: one line per event,
 """
 
 import dataclasses
+import fcntl
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -191,6 +193,41 @@ def assert_no_leftovers(job, grace=5.0):
         pass
     pytest.fail(f"processes of the job outlived it by {grace} s:\n{detail}\n"
                 + job.describe())
+
+
+# Started first, so that with two workers (the Makefile) the longest test,
+# mostly downloads and a compile, overlaps the others instead of ending last.
+_LONGEST_FIRST = ("test_pip_route.py",)
+
+
+def pytest_collection_modifyitems(items):
+  # Then the tests marked `alone` (below): the first worker runs them after
+  # the pip route, while the second worker has plenty of other tests queued,
+  # instead of one waiting idle for the pip route to end.
+  items.sort(key=lambda item: (item.path.name not in _LONGEST_FIRST,
+                               item.get_closest_marker("alone") is None))
+
+
+# Tests marked `alone` judge state the whole host shares (segments in
+# /dev/shm that any job may sweep): with two workers, they run while no
+# other test of the run does.  Every test holds this file's lock, shared, or
+# exclusive for `alone`.
+_HOST_STATE_LOCK = os.path.join(tempfile.gettempdir(),
+                                "mpistrategy-launcher-tests.lock")
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      "markers", "alone: run while no other launcher test runs (it judges "
+      "state the whole host shares)")
+
+
+@pytest.fixture(autouse=True)
+def _host_state_lock(request):
+  exclusive = request.node.get_closest_marker("alone") is not None
+  with open(_HOST_STATE_LOCK, "a") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    yield
 
 
 @pytest.fixture(scope="session")

@@ -50,7 +50,12 @@ _TAG_INSIDE = re.compile(r"\[\d+,\d+\]<(?:stdout|stderr)>:")
 _EVENT = re.compile(r"^@@ (\d+) ([0-9.]+) (\S+) ?(.*)$")
 
 # Measurements for the summary ("Failure behaviour" table of the README).
+# Tests run in pytest-xdist workers, so what a test records travels to the
+# controller in its report (user_properties) and is printed from there.
 TIMINGS = []
+_TIMING_PROPERTY = "multihost_timing"
+_SKIPPED_PREFIX = "MULTI-HOST TESTS SKIPPED: "
+_SUMMARY_TIMINGS = []
 _SKIP_REASON = []
 _PROBED = []
 
@@ -258,9 +263,7 @@ def cluster():
       pytest.fail(f"multi-host tests cannot run here: {reason} "
                   "(MULTIHOST_REQUIRED=1, e.g. CI: they must run)",
                   pytrace=False)
-    if not _SKIP_REASON:
-      _SKIP_REASON.append(reason)
-    pytest.skip(f"MULTI-HOST TESTS SKIPPED: {reason}")
+    pytest.skip(f"{_SKIPPED_PREFIX}{reason}")
   hosts = hosts_lib.SimulatedHosts(HOSTS)
   import atexit
   atexit.register(hosts.down)
@@ -301,7 +304,22 @@ def pytest_runtest_makereport(item, call):
   report = yield
   if report.when == "call" and report.failed:
     item._mh_failed = True  # pylint: disable=protected-access
+  if report.when == "teardown":
+    report.user_properties.extend((_TIMING_PROPERTY, line) for line in TIMINGS)
+    TIMINGS.clear()
   return report
+
+
+def pytest_runtest_logreport(report):
+  """Collects timings and the skip reason (in the controller under xdist)."""
+  _SUMMARY_TIMINGS.extend(value for name, value in report.user_properties
+                          if name == _TIMING_PROPERTY)
+  if report.skipped and not _SKIP_REASON:
+    longrepr = report.longrepr  # (path, line, message) for a skip
+    message = str(longrepr[-1] if isinstance(longrepr, (tuple, list))
+                  else longrepr)
+    if _SKIPPED_PREFIX in message:
+      _SKIP_REASON.append(message.split(_SKIPPED_PREFIX, 1)[1])
 
 
 @pytest.fixture
@@ -369,9 +387,8 @@ def launcher_job(cluster):
 def pytest_terminal_summary(terminalreporter):
   if _SKIP_REASON:
     terminalreporter.write_sep(
-        "!", f"MULTI-HOST TESTS SKIPPED: {_SKIP_REASON[0]}", red=True,
-        bold=True)
-  if TIMINGS:
+        "!", f"{_SKIPPED_PREFIX}{_SKIP_REASON[0]}", red=True, bold=True)
+  if _SUMMARY_TIMINGS:
     terminalreporter.write_sep("-", "multi-host timings")
-    for line in TIMINGS:
+    for line in _SUMMARY_TIMINGS:
       terminalreporter.write_line(line)
