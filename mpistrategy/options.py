@@ -73,6 +73,54 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
+def _horovod_bool(text):
+  # Horovod's reading: anything but empty or "0" turns the feature on.
+  return text.strip() not in ("", "0")
+
+
+# Horovod's environment variables that have an Options field, as
+# variable -> (field, parse).  They count once the Horovod layer is imported
+# (`count_horovod_variables`), below the MPISTRATEGY_* variables, for every
+# start of the engine: a Horovod job script's settings must apply whether
+# hvd.init() or an MPIStrategy created first starts it.
+HOROVOD_VARIABLES = {
+    "HOROVOD_FUSION_THRESHOLD": ("fusion_threshold_bytes", int),
+    "HOROVOD_CYCLE_TIME": ("cycle_time_ms", float),
+    "HOROVOD_CACHE_CAPACITY": ("cache_capacity", int),
+    "HOROVOD_TIMELINE": ("timeline", str),
+    "HOROVOD_AUTOTUNE": ("autotune", _horovod_bool),
+    "HOROVOD_AUTOTUNE_LOG": ("autotune_log", str),
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": ("stall_warning_seconds", float),
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": ("stall_timeout_seconds", float),
+    "HOROVOD_HIERARCHICAL_ALLREDUCE": ("hierarchical_allreduce",
+                                       _horovod_bool),
+}
+_count_horovod_variables = False
+
+
+def count_horovod_variables():
+  """Makes `Options.from_env` read HOROVOD_VARIABLES too (the Horovod layer)."""
+  global _count_horovod_variables
+  _count_horovod_variables = True
+
+
+def _horovod_changes(environ):
+  """{field: (variable, value)} from the set HOROVOD_* variables."""
+  changes = {}
+  if not _count_horovod_variables:
+    return changes
+  for variable, (name, parse) in HOROVOD_VARIABLES.items():
+    text = environ.get(variable, "")
+    if text == "":
+      continue
+    try:
+      changes[name] = (variable, parse(text.strip()))
+    except ValueError:
+      raise ValueError(f"environment variable {variable}={text!r} is not a "
+                       f"valid Options.{name}") from None
+  return changes
+
+
 @dataclasses.dataclass(frozen=True)
 class Options:
   """Configuration of the mpistrategy engine (immutable).
@@ -254,8 +302,10 @@ class Options:
   def from_env(cls, base=None, environ=None):
     """Returns `base` with the `MPISTRATEGY_<FIELD>` overrides applied.
 
-    Unknown `MPISTRATEGY_*` variables are reported with a warning naming them
-    and the known ones (they are usually typos).
+    Once the Horovod layer is imported, Horovod's variables of
+    `HOROVOD_VARIABLES` apply too, below the `MPISTRATEGY_*` ones.  Unknown
+    `MPISTRATEGY_*` variables are reported with a warning naming them and
+    the known ones (they are usually typos).
 
     Args:
       base: The `Options` to start from; default `Options()`.
@@ -277,7 +327,13 @@ class Options:
     environ = os.environ if environ is None else environ
     fields = {f.name: f for f in dataclasses.fields(cls)}
     known = sorted(_ENV_PREFIX + name.upper() for name in fields)
+    # HOROVOD_* first (where the Horovod layer counts them): MPISTRATEGY_*
+    # variables of the same field win.
+    sources = {}
     changes = {}
+    for name, (variable, value) in _horovod_changes(environ).items():
+      sources[name] = variable
+      changes[name] = value
     for variable in sorted(environ):
       if not variable.startswith(_ENV_PREFIX):
         continue
@@ -291,14 +347,14 @@ class Options:
         continue
       changes[name] = _parse_env(variable, name, fields[name].type,
                                  environ[variable])
+      sources[name] = variable
     if not changes:
       return base
     try:
       return dataclasses.replace(base, **changes)
     except (TypeError, ValueError) as e:
-      variables = ", ".join(
-          f"{_ENV_PREFIX}{n.upper()}={environ[_ENV_PREFIX + n.upper()]!r}"
-          for n in changes)
+      variables = ", ".join(f"{sources[n]}={environ[sources[n]]!r}"
+                            for n in changes)
       raise ValueError(f"{e} (from the environment: {variables})") from None
 
   def replace(self, **changes):

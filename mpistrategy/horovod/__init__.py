@@ -13,10 +13,18 @@ instead of `horovodrun`.  The functions follow Horovod's semantics (e.g.
 docs/HOROVOD.md for the API map, the differences and what is not provided.
 
 `mpistrategy.horovod` itself only holds `run`, which is not provided (as
-`horovod.run`, it would start the processes itself).
+`horovod.run`, it would start the processes itself).  Importing it makes
+Horovod's tuning variables (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME,
+...; `mpistrategy.options.HOROVOD_VARIABLES`) count as options for every
+start of the engine, by `hvd.init()` or by an `MPIStrategy` created first;
+`MPISTRATEGY_*` variables win over them.
 """
 
+from mpistrategy import options as _options
+
 __all__ = ["run"]
+
+_options.count_horovod_variables()
 
 
 def run(*args, **kwargs):

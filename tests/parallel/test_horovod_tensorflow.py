@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 import keras
 
+import mpistrategy
 import mpistrategy.horovod.tensorflow as hvd
 
 RANK = int(os.environ.get("OMPI_COMM_WORLD_RANK",
@@ -668,6 +669,54 @@ def test_optimizer_variables_is_callable_for_horovod_scripts():
   opt.build([tf.Variable([1.0])])
   assert opt.variables() == opt.variables
   assert isinstance(opt.variables, list)
+
+
+# --- Horovod's tuning variables (restart the engine) -----------------------
+
+
+@pytest.fixture()
+def restarts_the_engine():
+  # Listed before monkeypatch: the restart comes after the variables are
+  # put back.
+  yield
+  if mpistrategy.is_initialized():
+    mpistrategy.shutdown()
+  hvd.init()
+
+
+@pytest.mark.parametrize("first", ["hvd.init", "MPIStrategy"])
+def test_horovod_variables_apply_however_the_engine_starts(
+    restarts_the_engine, monkeypatch, first):
+  # Horovod job scripts set these; a script that creates its MPIStrategy
+  # before hvd.init() must get them too, not a conflict.
+  monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "1000000")
+  monkeypatch.setenv("HOROVOD_STALL_CHECK_TIME_SECONDS", "17")
+  monkeypatch.setenv("HOROVOD_CYCLE_TIME", "3.5")
+  monkeypatch.setenv("MPISTRATEGY_CYCLE_TIME_MS", "2.5")  # wins
+  mpistrategy.shutdown()
+  if first == "MPIStrategy":
+    mpistrategy.MPIStrategy()
+  hvd.init()
+  running = mpistrategy.runtime.current_options()
+  assert running.fusion_threshold_bytes == 1000000
+  assert running.stall_warning_seconds == 17.0
+  assert running.cycle_time_ms == 2.5
+  np.testing.assert_allclose(hvd.allreduce(tf.constant([RANK + 1.0])).numpy(),
+                             [S / SIZE])
+
+
+def test_an_engine_started_before_the_import_names_the_variable(
+    restarts_the_engine, monkeypatch):
+  mpistrategy.shutdown()
+  mpistrategy.init(mpistrategy.Options(stall_warning_seconds=30))
+  monkeypatch.setenv("HOROVOD_STALL_CHECK_TIME_SECONDS", "17")
+  with pytest.raises(ValueError,
+                     match=r"HOROVOD_STALL_CHECK_TIME_SECONDS='17' asks for "
+                     r"stall_warning_seconds=17.0, the engine runs with 30.0"
+                     r".*before mpistrategy.horovod was imported"):
+    hvd.init()
+  monkeypatch.setenv("HOROVOD_STALL_CHECK_TIME_SECONDS", "30")
+  hvd.init()  # what runs is what the variable asks for
 
 
 # --- shutdown (last: restarts the engine) -----------------------------------

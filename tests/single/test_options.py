@@ -223,6 +223,34 @@ def test_from_env_applies_on_top_of_base():
   assert Options.from_env(base, environ={}) is base
 
 
+def test_horovod_variables_count_once_the_horovod_layer_says_so(monkeypatch):
+  environ = {"HOROVOD_FUSION_THRESHOLD": "1000000", "HOROVOD_AUTOTUNE": "1",
+             "HOROVOD_CYCLE_TIME": "3.5", "MPISTRATEGY_CYCLE_TIME_MS": "2.5"}
+  monkeypatch.setattr(options_lib, "_count_horovod_variables", False)
+  plain = Options.from_env(environ=environ)
+  assert plain.fusion_threshold_bytes == Options().fusion_threshold_bytes
+  assert not plain.autotune and plain.cycle_time_ms == 2.5
+  monkeypatch.setattr(options_lib, "_count_horovod_variables", True)
+  o = Options.from_env(environ=environ)
+  assert o.fusion_threshold_bytes == 1000000 and o.autotune
+  assert o.cycle_time_ms == 2.5  # MPISTRATEGY_* wins
+  assert not Options.from_env(environ={"HOROVOD_AUTOTUNE": "0"}).autotune
+  with pytest.raises(ValueError, match=r"HOROVOD_FUSION_THRESHOLD='lots' is "
+                     r"not a valid Options.fusion_threshold_bytes"):
+    Options.from_env(environ={"HOROVOD_FUSION_THRESHOLD": "lots"})
+  with pytest.raises(ValueError, match=r"from the environment: "
+                     r"HOROVOD_CYCLE_TIME='-1'"):
+    Options.from_env(environ={"HOROVOD_CYCLE_TIME": "-1"})
+
+
+def test_importing_the_horovod_layer_counts_its_variables(monkeypatch):
+  monkeypatch.setattr(options_lib, "_count_horovod_variables", False)
+  import mpistrategy.horovod  # pylint: disable=import-outside-toplevel
+  import importlib  # pylint: disable=import-outside-toplevel
+  importlib.reload(mpistrategy.horovod)
+  assert options_lib._count_horovod_variables  # pylint: disable=protected-access
+
+
 def test_from_env_reads_os_environ(monkeypatch):
   monkeypatch.setenv("MPISTRATEGY_STALL_TIMEOUT_SECONDS", "12")
   assert Options.from_env().stall_timeout_seconds == 12.0

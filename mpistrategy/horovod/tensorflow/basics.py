@@ -14,6 +14,7 @@ import tensorflow as tf
 
 import mpistrategy
 from mpistrategy import ops
+from mpistrategy import options as options_lib
 from mpistrategy import runtime
 
 __all__ = [
@@ -28,22 +29,6 @@ __all__ = [
 
 _NOT_INITIALIZED = ("Horovod has not been initialized; use hvd.init() "
                     "(mpistrategy.horovod: call hvd.init() on every rank)")
-
-# Horovod's environment variables that have an mpistrategy.Options field.
-# name -> (field, parse).  MPISTRATEGY_* variables still take precedence.
-_HOROVOD_ENV = {
-    "HOROVOD_FUSION_THRESHOLD": ("fusion_threshold_bytes", int),
-    "HOROVOD_CYCLE_TIME": ("cycle_time_ms", float),
-    "HOROVOD_CACHE_CAPACITY": ("cache_capacity", int),
-    "HOROVOD_TIMELINE": ("timeline", str),
-    "HOROVOD_AUTOTUNE": ("autotune", lambda v: v.strip() not in ("", "0")),
-    "HOROVOD_AUTOTUNE_LOG": ("autotune_log", str),
-    "HOROVOD_STALL_CHECK_TIME_SECONDS": ("stall_warning_seconds", float),
-    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": ("stall_timeout_seconds", float),
-    "HOROVOD_HIERARCHICAL_ALLREDUCE": (
-        "hierarchical_allreduce", lambda v: v.strip() not in ("", "0")),
-}
-
 
 class _Topology:
   """What `init()` learned about the placement of the ranks."""
@@ -129,23 +114,6 @@ def check_initialized():
     raise ValueError(_NOT_INITIALIZED)
 
 
-def _options_from_horovod_env():
-  """An `mpistrategy.Options` from HOROVOD_* variables, or None if none set."""
-  fields = {}
-  for name, (field, parse) in _HOROVOD_ENV.items():
-    value = os.environ.get(name)
-    if value is None or value == "":
-      continue
-    try:
-      fields[field] = parse(value)
-    except ValueError:
-      raise ValueError(f"hvd.init: environment variable {name}={value!r} is "
-                       f"not a valid {field}") from None
-  if not fields:
-    return None
-  return mpistrategy.Options(**fields)
-
-
 def init(comm=None, process_sets=None):
   """Starts mpistrategy's engine on all ranks (collective: every rank calls).
 
@@ -154,8 +122,9 @@ def init(comm=None, process_sets=None):
   HOROVOD_AUTOTUNE, HOROVOD_CACHE_CAPACITY, HOROVOD_STALL_CHECK_TIME_SECONDS,
   HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, HOROVOD_HIERARCHICAL_ALLREDUCE) become
   the matching `mpistrategy.Options`; MPISTRATEGY_* variables win over them.
-  An engine already started (by `mpistrategy.init` or `MPIStrategy`) is
-  kept as it is when no HOROVOD_* variable is set.
+  They apply to any start of the engine once `mpistrategy.horovod` is
+  imported, so an engine that an `MPIStrategy` started first already has
+  them and is kept as it is.
 
   Args:
     comm: None (all ranks), or a list of all ranks; sub-communicators are
@@ -165,15 +134,18 @@ def init(comm=None, process_sets=None):
   Raises:
     NotImplementedError: `comm` is a subset or an MPI communicator, or
       `process_sets` is given.
-    ValueError: an option is invalid, or the engine runs with other options.
+    ValueError: an option is invalid, or the engine runs with other options
+      than the HOROVOD_* variables ask for (it was started before
+      `mpistrategy.horovod` was imported).
   """
   if process_sets:
     raise NotImplementedError(
         "hvd.init(process_sets=...): process sets are not provided by "
         "mpistrategy.horovod; every collective runs on all ranks")
-  options = _options_from_horovod_env()
-  if options is not None or not mpistrategy.is_initialized():
-    mpistrategy.init(options)
+  if mpistrategy.is_initialized():
+    _check_running_options()
+  else:
+    mpistrategy.init()
   if comm is not None:
     if (isinstance(comm, (list, tuple, range)) and
         sorted(comm) == list(range(mpistrategy.size()))):
@@ -184,6 +156,27 @@ def init(comm=None, process_sets=None):
           "by mpistrategy.horovod (no sub-communicators, no mpi4py "
           "communicators); start the job with the ranks you want instead")
   _exchange_topology()
+
+
+def _check_running_options():
+  """Raises ValueError if the running engine lacks a HOROVOD_* setting."""
+  running = runtime.current_options()
+  wanted = options_lib.Options.from_env(base=running)
+  differ = [(variable, name) for variable, (name, _)
+            in options_lib.HOROVOD_VARIABLES.items()
+            if os.environ.get(variable, "") != "" and
+            getattr(wanted, name) != getattr(running, name)]
+  if not differ:
+    return
+  asked = "; ".join(
+      f"{variable}={os.environ.get(variable)!r} asks for {name}="
+      f"{getattr(wanted, name)!r}, the engine runs with "
+      f"{getattr(running, name)!r}" for variable, name in differ)
+  raise ValueError(
+      f"hvd.init: {asked}.  mpistrategy was started (by MPIStrategy() or "
+      "mpistrategy.init()) before mpistrategy.horovod was imported; import "
+      "mpistrategy.horovod.tensorflow before creating the strategy, or call "
+      "hvd.init() first")
 
 
 def _exchange_topology():
