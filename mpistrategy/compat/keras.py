@@ -78,9 +78,14 @@ multi-process `MPIStrategy`, so single-process code is unaffected.
    `strategy._agree_on_cardinality`) but the local one is known, the epoch
    is sized as unknown, so every rank steps until all are exhausted, as for
    `distribute_datasets_from_function`.
+   The same patch refuses a Python generator as `x` of `fit` or `evaluate`
+   (with more than one rank): Keras' generator adapter under a distribution
+   strategy gives the ranks batches out of step, so rows would be missed or
+   repeated without an error.  `predict` keeps it (its rows come out right).
 """
 
 import re
+import types
 
 import tensorflow as tf
 
@@ -269,6 +274,7 @@ def patch_epoch_iterator():
     return original_num_batches.fget(self)
 
   def __init__(self, *args, **kwargs):  # pylint: disable=invalid-name
+    _refuse_a_generator(kwargs.get("x"), kwargs.get("distribute_strategy"))
     original_init(self, *args, **kwargs)
     distributed = getattr(self, "_distributed_dataset", None)
     adapter = getattr(self, "data_adapter", None)
@@ -283,6 +289,25 @@ def patch_epoch_iterator():
   adapter_cls.num_batches = property(num_batches,
                                      doc=original_num_batches.__doc__)
   iterator_cls.__init__ = __init__
+
+
+def _refuse_a_generator(x, strategy):
+  """Raises ValueError for a Python generator in fit/evaluate on N ranks."""
+  if not isinstance(x, types.GeneratorType) or strategy is None or (
+      not _is_multi_process(strategy)):
+    return
+  from mpistrategy.ops import _naming  # pylint: disable=import-outside-toplevel
+  calls = _naming.entry_points()
+  call = calls[-1] if calls else "Model.fit"
+  if call == "Model.predict":
+    return
+  raise ValueError(
+      f"mpistrategy: a Python generator as the data of {call} is not "
+      f"supported with {_world_size()} ranks: Keras' generator adapter under "
+      "a distribution strategy gives the ranks batches out of step, so rows "
+      "would be missed or repeated without an error.  Pass a "
+      "tf.data.Dataset (tf.data.Dataset.from_generator, for example) or a "
+      "keras.utils.PyDataset instead")
 
 
 # (module in _tf_private, class, label, methods) of the Keras/TF calls that

@@ -263,6 +263,11 @@ def test_allreduce_refuses_adasum_process_sets_devices():
     assert hvd.ProcessSet([0]).process_set_id is None
   assert repr(hvd.global_process_set) == (
       "ProcessSet(process_set_id=0, ranks=all)")
+  from mpi4py import MPI  # pylint: disable=import-outside-toplevel
+  with pytest.raises(NotImplementedError,
+                     match=r"ProcessSet\(Intracomm\): process sets from an "
+                     "MPI communicator are not provided"):
+    hvd.ProcessSet(MPI.COMM_WORLD)  # Horovod's process_set.rst, pattern 2
   with pytest.raises(NotImplementedError, match="device_dense"):
     hvd.allreduce(x, device_dense="/gpu:0")
   with pytest.raises(ValueError, match="bool"):

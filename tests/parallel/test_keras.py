@@ -280,6 +280,34 @@ def test_unsynchronized_batch_norm_statistics_stay_identical(strategy, digits):
     assert not np.allclose(first.moving_mean.numpy(), 0.0)
 
 
+def test_a_python_generator_is_refused_by_fit_and_evaluate(strategy):
+  # Keras' generator adapter gives the ranks batches out of step (rows
+  # missed or repeated, no error): refused on every rank; predict keeps it.
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+  def pairs():
+    for _ in range(4):
+      yield np.ones([4, 2], np.float32), np.ones([4, 1], np.float32)
+  def inputs():
+    for _ in range(4):
+      yield (np.ones([4, 2], np.float32),)
+  calls = [("Model.fit", lambda: model.fit(pairs(), epochs=1, verbose=0)),
+           ("Model.fit", lambda: model.fit(
+               np.ones([8, 2]), np.ones([8, 1]), validation_data=pairs(),
+               verbose=0)),
+           ("Model.evaluate", lambda: model.evaluate(pairs(), verbose=0))]
+  for call, run_call in calls:
+    if mpistrategy.size() == 1:
+      run_call()
+      continue
+    with pytest.raises(ValueError,
+                       match=f"a Python generator as the data of {call} is "
+                       f"not supported with {mpistrategy.size()} ranks"):
+      run_call()
+  assert model.predict(inputs(), verbose=0).shape == (16, 1)
+
+
 def test_uneven_batches_and_an_empty_rank(strategy):
   """Global batches that do not split evenly, and a rank with no rows.
 

@@ -51,9 +51,19 @@ class ProcessSet:
 
   Args:
     ranks: the ranks of the set; must be all ranks.
+
+  Raises:
+    NotImplementedError: `ranks` is an MPI communicator (Horovod's other
+      way to make a set).
   """
 
   def __init__(self, ranks=None):
+    if ranks is not None and hasattr(ranks, "Get_size"):
+      raise NotImplementedError(
+          f"hvd.ProcessSet({type(ranks).__name__}): process sets from an MPI "
+          "communicator are not provided by mpistrategy.horovod; every "
+          "collective runs on all ranks: use hvd.global_process_set or leave "
+          "process_set out")
     self._ranks = None if ranks is None else sorted(ranks)
     # Horovod numbers a set when it is registered; only the global set
     # (id 0) ever is here.  The size is unknown before init(), so a subset
