@@ -244,6 +244,7 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
           lambda unused_input_context: dataset, options)
     if self._num_replicas_in_sync > 1:
       _check_batched(dataset)
+    dataset = _owned_by_tensorflow(dataset)
     plain = self._plain_iterator_options(options)
     if plain is None:
       return super()._experimental_distribute_dataset(dataset, options)
@@ -257,6 +258,14 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
         options=plain)
 
   def _distribute_datasets_from_function(self, dataset_fn, options):
+    user_dataset_fn = dataset_fn
+
+    def dataset_fn(input_context):  # pylint: disable=function-redefined
+      dataset = user_dataset_fn(input_context)
+      if isinstance(dataset, tf.data.Dataset):
+        dataset = _owned_by_tensorflow(dataset)
+      return dataset
+
     plain = self._plain_iterator_options(options)
     if plain is None:
       dataset = super()._distribute_datasets_from_function(dataset_fn, options)
@@ -584,6 +593,56 @@ def _log_user_sharding_once(rank, size):
       "MPIStrategy: the dataset is already sharded with shard(%d, ...); it "
       "is not sharded again, and its batch size is the batch of each rank "
       "(global batch = %d x that).", size, size)
+
+
+# Ops through which a dataset's elements can share memory with numpy arrays
+# that Python owns (a generator's, a PyDataset's, a py_function's results).
+_PYTHON_FUNCTION_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
+
+
+def _calls_python(dataset):
+  """True where a function of `dataset` or of its inputs runs Python.
+
+  Sees the functions of the dataset and of its inputs (and the functions
+  nested in them), not datasets captured inside a function (a generator
+  dataset returned by an `interleave` function).
+  """
+  seen = set()
+  pending = [dataset]
+  while pending:
+    current = pending.pop()
+    if id(current) in seen:
+      continue
+    seen.add(id(current))
+    for wrapper in current._functions():  # pylint: disable=protected-access
+      graph = wrapper.function.graph.as_graph_def()
+      nodes = list(graph.node) + [node for function in graph.library.function
+                                  for node in function.node_def]
+      if any(node.op in _PYTHON_FUNCTION_OPS for node in nodes):
+        return True
+    pending.extend(current._inputs())  # pylint: disable=protected-access
+  return False
+
+
+def _owned_by_tensorflow(dataset):
+  """`dataset`, its elements copied where they may alias Python's memory.
+
+  A generator's or a PyDataset's numpy batches reach TensorFlow without a
+  copy.  After the ranks' split, the training step's kernels may then reuse
+  such a label buffer for their outputs in place and write over the user's
+  own array (a stranger's labels changed between epochs).  Each element of
+  a dataset that calls Python is copied into memory TensorFlow owns.
+  """
+  if not _calls_python(dataset):
+    return dataset
+
+  def copy(element):
+    return tf.nest.map_structure(lambda t: tf.raw_ops.DeepCopy(x=t), element,
+                                 expand_composites=True)
+
+  if isinstance(dataset.element_spec, tuple):  # map unpacks a tuple
+    return dataset.map(lambda *element: copy(element), deterministic=True)
+  return dataset.map(copy, deterministic=True)
 
 
 def _check_batched(dataset):

@@ -280,6 +280,57 @@ def test_unsynchronized_batch_norm_statistics_stay_identical(strategy, digits):
     assert not np.allclose(first.moving_mean.numpy(), 0.0)
 
 
+@pytest.mark.parametrize("source", ["PyDataset", "from_generator"])
+def test_batches_from_python_leave_the_users_arrays_alone(strategy, source):
+  # A PyDataset's (or a generator's) numpy batches reach TensorFlow without
+  # a copy; after the ranks' split the step's kernels reused a label buffer
+  # in place and wrote over the user's own array (labels of later epochs
+  # were gradients).  The labels are row ids: their sum checks every row.
+  rows, batch = 24, 6
+  x = np.zeros((rows, 3), np.float32)
+  x[:, 0] = np.arange(rows) / rows
+  y = np.arange(rows, dtype=np.float32).reshape(rows, 1)
+  x_before, y_before = x.copy(), y.copy()
+
+  class Batches(keras.utils.PyDataset):
+    def __len__(self):
+      return rows // batch
+
+    def __getitem__(self, i):
+      return x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch]
+
+  def generated():
+    for i in range(rows // batch):
+      yield x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch]
+
+  class LabelSum(keras.metrics.Metric):
+    def __init__(self, name="label_sum", **kwargs):
+      super().__init__(name=name, **kwargs)
+      self.total = self.add_weight(name="total", shape=(),
+                                   initializer="zeros")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+      del y_pred, sample_weight
+      self.total.assign_add(tf.reduce_sum(y_true))
+
+    def result(self):
+      return self.total
+
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse",
+                  metrics=[LabelSum()])
+  if source == "PyDataset":
+    data = Batches()
+  else:
+    data = tf.data.Dataset.from_generator(generated, output_signature=(
+        tf.TensorSpec([None, 3]), tf.TensorSpec([None, 1])))
+  history = model.fit(data, epochs=12, verbose=0, shuffle=False)
+  np.testing.assert_array_equal(y, y_before)
+  np.testing.assert_array_equal(x, x_before)
+  assert history.history["label_sum"] == [rows * (rows - 1) / 2] * 12
+
+
 def test_a_python_generator_is_refused_by_fit_and_evaluate(strategy):
   # Keras' generator adapter gives the ranks batches out of step (rows
   # missed or repeated, no error): refused on every rank; predict keeps it.
