@@ -114,7 +114,7 @@ def _horovod_changes(environ):
     if text == "":
       continue
     try:
-      changes[name] = (variable, parse(text.strip()))
+      changes[name] = (variable, parse(text))
     except ValueError:
       raise ValueError(f"environment variable {variable}={text!r} is not a "
                        f"valid Options.{name}") from None

@@ -258,24 +258,23 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
         options=plain)
 
   def _distribute_datasets_from_function(self, dataset_fn, options):
-    user_dataset_fn = dataset_fn
-
-    def dataset_fn(input_context):  # pylint: disable=function-redefined
-      dataset = user_dataset_fn(input_context)
+    def owned_dataset_fn(input_context):
+      dataset = dataset_fn(input_context)
       if isinstance(dataset, tf.data.Dataset):
         dataset = _owned_by_tensorflow(dataset)
       return dataset
 
     plain = self._plain_iterator_options(options)
     if plain is None:
-      dataset = super()._distribute_datasets_from_function(dataset_fn, options)
+      dataset = super()._distribute_datasets_from_function(owned_dataset_fn,
+                                                           options)
     else:
       buffer_size = plain.experimental_per_replica_buffer_size
 
       def prefetched_dataset_fn(input_context):
         # What the multi-device iterator's buffer did: the next batch is
         # produced while this one trains.
-        dataset = dataset_fn(input_context)
+        dataset = owned_dataset_fn(input_context)
         if isinstance(dataset, tf.data.Dataset):
           dataset = dataset.prefetch(buffer_size)
         return dataset
@@ -561,25 +560,36 @@ def _user_shard(dataset, num_shards):
     return False, None
   if policy != tf.data.experimental.AutoShardPolicy.AUTO:
     return False, None
-  seen = set()
-  pending = [dataset]
-  while pending:
-    d = pending.pop()
-    if id(d) in seen:
-      continue
-    seen.add(id(d))
+  for d in _pipeline(dataset):
     shards = getattr(d, "_num_shards", None)
     if type(d).__name__ == "_ShardDataset" and shards is not None:
       value = tf.get_static_value(shards)
       if value is not None and int(value) == num_shards:
         index = tf.get_static_value(getattr(d, "_index", None))
         return True, None if index is None else int(index)
+  return False, None
+
+
+def _pipeline(dataset):
+  """Yields `dataset` and every dataset it reads from, each once.
+
+  Walks the Python objects of the pipeline (`_inputs()`): every
+  transformation built in this process, not a dataset made inside the
+  function of `interleave`/`flat_map`.
+  """
+  seen = set()
+  pending = [dataset]
+  while pending:
+    current = pending.pop()
+    if id(current) in seen:
+      continue
+    seen.add(id(current))
+    yield current
     try:
-      pending.extend(i for i in d._inputs()  # pylint: disable=protected-access
+      pending.extend(i for i in current._inputs()  # pylint: disable=protected-access
                      if isinstance(i, tf.data.Dataset))
     except (AttributeError, NotImplementedError, TypeError):
       continue
-  return False, None
 
 
 _LOGGED = set()
@@ -607,20 +617,13 @@ def _calls_python(dataset):
   nested in them), not datasets captured inside a function (a generator
   dataset returned by an `interleave` function).
   """
-  seen = set()
-  pending = [dataset]
-  while pending:
-    current = pending.pop()
-    if id(current) in seen:
-      continue
-    seen.add(id(current))
+  for current in _pipeline(dataset):
     for wrapper in current._functions():  # pylint: disable=protected-access
       graph = wrapper.function.graph.as_graph_def()
       nodes = list(graph.node) + [node for function in graph.library.function
                                   for node in function.node_def]
       if any(node.op in _PYTHON_FUNCTION_OPS for node in nodes):
         return True
-    pending.extend(current._inputs())  # pylint: disable=protected-access
   return False
 
 
