@@ -59,7 +59,9 @@ class MPIAllReduce(_tfp.CrossDeviceOps):
   * `SUM` is the MPI sum.  `MEAN` divides the sum by the global number of
     replicas (the MPI world size times the local replicas); integer inputs
     come back as floating point, exactly like
-    `tf.distribute.experimental.CommunicationImplementation.RING`.
+    `tf.distribute.experimental.CommunicationImplementation.RING`.  With one
+    replica per rank, a floating `MEAN` goes to the engine as its own op, so
+    a rank asking `SUM` where another asks `MEAN` fails on every rank.
   * `tf.IndexedSlices` are reduced by all-gathering values and indices.
   * `broadcast` sends rank 0's value (`MultiWorkerMirroredStrategy` makes
     local copies only): the updates of `ONLY_FIRST_REPLICA` variables take
@@ -209,6 +211,12 @@ class MPIAllReduce(_tfp.CrossDeviceOps):
               # Divide before the 16-bit cast (see mpistrategy.compression).
               r = ops.allreduce(t / group_size, op=ops.Sum,
                                 compression=compressor)
+            elif (reduce_op == _ReduceOp.MEAN and
+                  group_size == self._world_size and
+                  t.dtype.is_floating):
+              # The engine's own MEAN: the ranks compare the op, so a rank
+              # asking SUM where another asks MEAN fails on every rank.
+              r = ops.allreduce(t, op=ops.Average, compression=compressor)
             else:
               r = ops.allreduce(t, op=ops.Sum, compression=compressor)
               if reduce_op == _ReduceOp.MEAN:

@@ -146,6 +146,21 @@ def test_reduce(strategy):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
+def test_sum_on_one_rank_and_mean_on_another_fails_on_every_rank(strategy,
+                                                                   dtype):
+  if N < 2:
+    pytest.skip("needs peers")
+  op = "SUM" if R == 0 else "MEAN"
+  with pytest.raises(tf.errors.FailedPreconditionError) as info:
+    strategy.reduce(op, tf.constant([1.0, 2.0], dtype), axis=None)
+  assert "reduce op" in str(info.value), str(info.value)
+  # Nothing is left pending: the next reduce pairs as usual.
+  assert strategy.reduce("MEAN", tf.constant(float(R)), axis=None).numpy() == (
+      pytest.approx((N - 1) / 2.0))
+
+
+@pytest.mark.timeout(120)
 def test_gather_uneven(strategy):
   t = tf.fill([R + 1, 2], float(R))
   g = strategy.gather(t, axis=0).numpy()
