@@ -29,6 +29,7 @@ from tensorflow.python.distribute import device_util
 from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import distribute_utils
 from tensorflow.python.distribute import input_util
+from tensorflow.python.distribute import mirrored_run
 from tensorflow.python.distribute import mirrored_strategy
 from tensorflow.python.distribute import numpy_dataset
 from tensorflow.python.distribute import reduce_util

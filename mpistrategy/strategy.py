@@ -217,6 +217,17 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
 
     return initial_value_fn
 
+  # ------------------------------------------------------------ replicas
+
+  def _call_for_each_replica(self, fn, args, kwargs):
+    # Eagerly, TensorFlow runs `fn` in a thread of its own; with this one
+    # replica it may issue default-named collectives (see `_naming`).
+    if not tf.executing_eagerly() or len(self.worker_devices) != 1:
+      return super()._call_for_each_replica(fn, args, kwargs)
+    from mpistrategy.ops import _naming  # pylint: disable=g-import-not-at-top
+    with _naming.replica_thread_stands_in():
+      return super()._call_for_each_replica(fn, args, kwargs)
+
   # ----------------------------------------------------------- reductions
 
   def _reduce_to(self, reduce_op, value, destinations, options):

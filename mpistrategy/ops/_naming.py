@@ -3,14 +3,17 @@
 A collective is matched across ranks by name.  Without an explicit
 `name`, calls inside a `tf.function` are named `<function graph path>/<name
 scope>/<op>`, which is identical on every rank because every rank traces the
-same program.  The graph path lists the enclosing function graphs (e.g.
-`train_step/cond_true/...`) with TensorFlow's process-global uid suffixes
-removed, so a rank that traced more functions than the others (say, rank 0
-saving a checkpoint) still agrees.  The name scope loses TensorFlow's
-`_<n>` suffixes too, which count earlier uses in the same trace, and a
-graph's collectives of the same name are numbered in the order they are
-created (`#1`, `#2`, ...), so that a rank that traced a function again (a
-last batch of another shape) names its collectives as the first trace did.
+same program.  The graph path is the `tf.function` and the control-flow
+branches and gradient graphs inside it (e.g. `train_step/cond_true/...`),
+not the functions that call it (a function is traced where it is first
+called, which can differ between ranks), with TensorFlow's process-global
+uid suffixes removed, so a rank that traced more functions than the others
+(say, rank 0 saving a checkpoint) still agrees.  The name scope loses
+TensorFlow's `_<n>` suffixes too, which count earlier uses in the same
+trace, and a graph's collectives of the same name are numbered in the
+order they are created (`#1`, `#2`, ...), so that a rank that traced a
+function again (a last batch of another shape) names its collectives as
+the first trace did.
 
 Eager calls are named `eager/<op>`, the same name for every call: an eager
 call blocks until its collective is done, so one thread has at most one in
@@ -24,6 +27,9 @@ any other thread an eager collective without `name=` raises `ValueError`,
 because calls of several threads have no order that is the same on every
 rank (their results would silently mix up the threads' values).  Threads
 pass explicit names that agree across ranks and differ between threads.
+The one exception is the thread in which an eager `strategy.run` runs the
+replica's function while the main thread waits for it
+(`replica_thread_stands_in`).
 
 An explicit `name` is used as-is.  A default name made while a
 communicating Keras call runs (`model.fit`, `evaluate`, `predict`, `save`,
@@ -34,6 +40,7 @@ waiting ranks are in, and collectives of different Keras calls never pair.
 """
 
 import collections
+import contextlib
 import re
 import threading
 import weakref
@@ -94,6 +101,41 @@ class entry_point:  # pylint: disable=invalid-name
     return False
 
 
+# Above 0 while the main thread waits in an eager `strategy.run` of one
+# replica per process (`replica_thread_stands_in`).
+_REPLICA_THREAD_STANDS_IN = [0]
+
+
+@contextlib.contextmanager
+def replica_thread_stands_in():
+  """Lets the replica thread of an eager `strategy.run` use default names.
+
+  Outside a `tf.function`, `strategy.run` runs the replica's function in a
+  thread of its own (`mirrored_run`) while the calling thread waits, never
+  both at once.  Entered from the main thread with one replica per process,
+  that thread's collectives (an optimizer's variables broadcast as it
+  builds them, a `ReplicaContext.all_reduce`) therefore keep the main
+  thread's program order, the same on every rank.  Entered from any other
+  thread it changes nothing.
+
+  Yields:
+    None.
+  """
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  _REPLICA_THREAD_STANDS_IN[0] += 1
+  try:
+    yield
+  finally:
+    _REPLICA_THREAD_STANDS_IN[0] -= 1
+
+
+def _is_replica_thread(thread):
+  from mpistrategy import _tf_private as _tfp  # pylint: disable=g-import-not-at-top
+  return isinstance(thread, _tfp.mirrored_run._MirroredReplicaThread)  # pylint: disable=protected-access
+
+
 def _claim_eager_default_names(kind):
   """Raises unless this thread may issue a default-named eager collective.
 
@@ -114,6 +156,8 @@ def _claim_eager_default_names(kind):
   """
   current = threading.current_thread()
   if current is threading.main_thread():
+    return
+  if _REPLICA_THREAD_STANDS_IN[0] and _is_replica_thread(current):
     return
   raise ValueError(
       f"mpistrategy.ops.{kind}: an eager collective without `name=` can "
@@ -175,12 +219,39 @@ def _name_in_graph(graph, kind):
 
 
 def _graph_path(graph):
-  """"outer/inner" names of the function graphs enclosing `graph`."""
+  """"function/branch" names of `graph` and its enclosing graphs.
+
+  The path climbs through control-flow branches and gradient graphs to the
+  `tf.function` they belong to, and stops there.  The functions that call
+  that one are left out: a function is traced where it is first called, and
+  that place can differ between ranks (rank 0 calls `step` directly first
+  and later reuses that trace inside `two_steps`, while rank 1, whose batch
+  had another shape, traces `step` anew inside `two_steps`).
+
+  Args:
+    graph: the graph a collective is created in.
+
+  Returns:
+    e.g. "train_step", "train_step/cond_true" or "step/__backward_step".
+  """
   parts = []
   while graph is not None:
     name = getattr(graph, "name", None)  # plain tf.Graph: no name
     if not isinstance(name, str) or not name:
       break
     parts.append(_TF_UID.sub("", name))
+    if not _belongs_to_outer_graph(graph, name):
+      break
     graph = getattr(graph, "outer_graph", None)
   return "/".join(reversed(parts)) or "graph"
+
+
+def _belongs_to_outer_graph(graph, name):
+  """True for a control-flow branch or a function's gradient graph.
+
+  Both are part of the function that encloses them (a gradient graph's
+  outer graph is the function it differentiates); any other named graph
+  is a traced function of its own.
+  """
+  return (getattr(graph, "is_control_flow_graph", False) or
+          name.startswith("__backward_"))

@@ -406,6 +406,60 @@ def test_custom_training_loop_matches_single_process(strategy):
 
 
 @pytest.mark.timeout(120)
+def test_a_function_traced_inside_another_on_some_ranks_still_pairs(strategy):
+  # `step` serves a later call from inside `two_steps`: ranks whose first
+  # batch had the later shape reuse their direct trace, the others trace
+  # it anew inside `two_steps`.  Its collectives must pair either way.
+  def per_rank(sizes):
+    return strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.ones([sizes[ctx.replica_id_in_sync_group]]))
+
+  @tf.function
+  def step(batch):
+    return strategy.reduce("SUM", strategy.run(tf.reduce_sum, args=(batch,)),
+                           axis=None)
+
+  @tf.function
+  def two_steps(batch):
+    return step(batch) + step(batch)
+
+  first = [2 if r % 2 == 0 else 0 for r in range(N)]
+  assert step(per_rank(first)).numpy() == sum(first)
+  assert two_steps(per_rank([2] * N)).numpy() == 4 * N
+  assert step(per_rank([3] * N)).numpy() == 3 * N
+
+
+@pytest.mark.timeout(120)
+def test_eager_custom_loop_builds_its_optimizer_in_the_replica_thread(
+    strategy):
+  # The tutorial's loop without tf.function (debugging): the optimizer
+  # makes its variables in the first apply_gradients, in the thread that
+  # strategy.run uses eagerly; their initial values are broadcast.
+  with strategy.scope():
+    w = tf.Variable([1.0, 2.0])
+    opt = keras.optimizers.Adam(0.1)
+
+  def step(x):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(x * w) / (2 * N)
+    opt.apply_gradients([(tape.gradient(loss, w), w)])
+    # A collective of the replica's own, too.
+    return tf.distribute.get_replica_context().all_reduce("SUM", loss)
+
+  x = strategy.experimental_distribute_values_from_function(
+      lambda ctx: tf.fill([2, 2], float(ctx.replica_id_in_sync_group + 1)))
+  for _ in range(2):
+    total = strategy.experimental_local_results(strategy.run(step,
+                                                             args=(x,)))[0]
+  # Every rank's rows: sum over r of 2 * (r + 1) * (w0 + w1) / (2 N).
+  assert _same_everywhere([w.numpy(), total.numpy()] +
+                          [v.numpy() for v in opt.variables])
+  assert int(opt.iterations.numpy()) == 2
+  # Adam's first steps move each weight by about the learning rate.
+  np.testing.assert_allclose(w.numpy(), [0.8, 1.8], atol=1e-3)
+
+
+@pytest.mark.timeout(120)
 def test_a_rank_that_traces_the_step_again_still_pairs(strategy):
   # The README's custom loop, with an optimizer built in the first trace:
   # the last global batch is one row short, so only the last rank gets a

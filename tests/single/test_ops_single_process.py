@@ -252,6 +252,38 @@ def test_default_names_in_function_are_graph_scoped_and_unique():
                    "my_step/scope/allreduce", "own"]
 
 
+def test_a_function_names_its_collectives_the_same_wherever_it_is_traced():
+  # A function is traced where it is first called, which can differ between
+  # ranks (a batch of another shape): the callers must not be in the name.
+  @tf.function
+  def inner(x):
+    return ops.allreduce(x)
+
+  @tf.function
+  def outer(x):
+    y = tf.cond(x[0] > 0, lambda: inner(x), lambda: ops.allreduce(x))
+    with tf.GradientTape() as tape:
+      tape.watch(y)
+      z = inner(y)
+    return tape.gradient(z, y)
+
+  def names(graph):
+    found = set()
+    for op in graph.get_operations():
+      if op.type.startswith("MpiStrategy"):
+        found.add(op.get_attr("tensor_name").decode())
+    for function in graph._functions.values():  # pylint: disable=protected-access
+      found |= names(function.graph)
+    return found
+
+  direct = names(inner.get_concrete_function(tf.ones([2])).graph)
+  nested = names(outer.get_concrete_function(tf.ones([3])).graph)
+  assert direct == {"inner/allreduce"}
+  assert nested == {
+      "inner/allreduce", "outer/cond_false/cond/allreduce",
+      "inner/__backward_inner/gradients/MpiStrategyAllreduce_grad/allreduce"}
+
+
 def test_explicit_names_pair_in_eager_mode():
   y = ops.allreduce(tf.ones([2]), name="eager-explicit")
   assert y.numpy().tolist() == [1, 1]
