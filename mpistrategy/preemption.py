@@ -115,8 +115,10 @@ def _say(text):
 
 
 def _rank():
-  from mpistrategy import runtime  # pylint: disable=g-import-not-at-top
-  return runtime.rank() if runtime.is_initialized() else 0
+  # No import: a handler's `__del__` can get here while the interpreter
+  # shuts down, when imports fail ("sys.meta_path is None").
+  runtime = sys.modules.get("mpistrategy.runtime")
+  return runtime.rank() if runtime and runtime.is_initialized() else 0
 
 
 def _on_signal(signum, unused_frame):
@@ -233,8 +235,15 @@ def agree(step, noted_here=False):
   return bool(out[0])
 
 
+def acted_on():
+  """The noted signal was acted on (a save, then the exit): `unwatch` must
+  not report it as one that came after the last step boundary."""
+  _WATCH.told_unsaved_at = _WATCH.noted_at
+
+
 def exit_preempted(step, exit_fn=None):
   """Says where the job stopped, then exits (`exit_fn` or `EXIT_CODE`)."""
+  acted_on()
   elapsed = ("" if _WATCH.noted_at is None else
              f" {time.monotonic() - _WATCH.noted_at:.1f} s after the signal")
   _say(f"preempted: rank {_rank()} saved after step {step} and exits"
@@ -464,6 +473,7 @@ def patch_backup_and_restore():
         self._mpistrategy_steps):  # pylint: disable=protected-access
       self._last_batch_seen = batch  # pylint: disable=protected-access
       self._save_model()  # pylint: disable=protected-access
+      acted_on()
       self._stop_watching()
       exit_preempted(_fit_step(self.model, batch, self._current_epoch))  # pylint: disable=protected-access
     return result

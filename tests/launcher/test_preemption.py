@@ -46,6 +46,10 @@ def _preempted(job, np_):
     if m:
       found[int(m.group(1))] = (int(m.group(2)), float(m.group(3)))
   assert sorted(found) == list(range(np_)), job.describe()
+  # The signal was acted on: no rank may also call it unsaved.
+  assert not [line for line in job.stdout + job.stderr
+              if "after the last step boundary" in line or
+              "Exception ignored" in line], job.describe()
   return found
 
 
