@@ -20,7 +20,9 @@ patches of this module once per process, in a multi-process run (world size
   Return values (the path returned by `Checkpoint.save`, `CheckpointManager`
   paths) are the user's path on every rank.
 * **Atomic writes on rank 0** -- every write above goes to a temporary name
-  in the same directory (`.mpistrategy-tmp-<hex>-<name>`), is fsynced, and
+  in the same directory (`.mpistrategy-tmp-<pid>-<host>-<hex>-<name>`; a
+  later save into the directory removes those of killed writers on this
+  host), is fsynced, and
   then replaces the user's file with a rename; a directory (SavedModel) is
   swapped in with `renameat2(RENAME_EXCHANGE)`.  Keras files (`.keras`,
   `.weights.h5`) are first written into this process' scratch directory
@@ -78,10 +80,12 @@ import ctypes
 import errno
 import fcntl
 import glob
+import hashlib
 import json
 import os
 import re
 import shutil
+import socket
 import stat
 import sys
 import tempfile
@@ -482,8 +486,54 @@ def _temp_sibling(path, like=None):
   directory, base = os.path.split(os.path.abspath(path))
   if like is not None:
     base = os.path.basename(os.path.abspath(like))
-  return os.path.join(directory, "%s%s-%s" % (_TMP_TAG, uuid.uuid4().hex[:12],
-                                               base))
+  _remove_abandoned_temps(directory)
+  return os.path.join(directory, "%s%d-%s-%s-%s" % (
+      _TMP_TAG, os.getpid(), _host_tag(), uuid.uuid4().hex[:8], base))
+
+
+# A temporary name: the writer's pid, a tag of its host, a random part.
+_TEMP_NAME = re.compile(re.escape(_TMP_TAG) +
+                        r"(?P<pid>\d+)-(?P<host>[0-9a-f]{8})-[0-9a-f]{8}-")
+_SWEPT = set()  # directories already swept by this process
+
+
+def _host_tag():
+  return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def _remove_abandoned_temps(directory):
+  """Removes temporary names in `directory` whose writer was killed.
+
+  A process killed during a save (`kill -9`, the OOM killer) leaves its
+  `.mpistrategy-tmp-*` file or directory next to the user's; later saves
+  write other temporary names, so nothing else would remove it.  Only
+  names of this host whose process is gone are removed, once per
+  directory and process.
+
+  Args:
+    directory: the directory a save writes into.
+  """
+  if directory in _SWEPT:
+    return
+  _SWEPT.add(directory)
+  try:
+    names = os.listdir(directory)
+  except OSError:
+    return
+  host = _host_tag()
+  for name in names:
+    match = _TEMP_NAME.match(name)
+    if (match is None or match.group("host") != host or
+        int(match.group("pid")) == os.getpid()):
+      continue
+    try:
+      os.kill(int(match.group("pid")), 0)
+      continue  # alive (or a new process with its pid): keep
+    except ProcessLookupError:
+      pass
+    except (PermissionError, OverflowError, ValueError):
+      continue
+    _remove_quietly(os.path.join(directory, name))
 
 
 def _fsync(path, directory=False):

@@ -102,3 +102,38 @@ def test_errors_name_the_users_path(error, monkeypatch):
   assert "m" in str(error)
   if isinstance(error, OSError):
     assert error.filename == "m" and error.errno == 2
+
+
+def test_a_save_removes_temporary_names_of_killed_writers_only(
+    tmp_path, monkeypatch):
+  monkeypatch.setattr(checkpoint, "_SWEPT", set())
+  host = checkpoint._host_tag()  # pylint: disable=protected-access
+  gone = subprocess.Popen([sys.executable, "-c", "pass"])
+  gone.wait(30)
+  alive = subprocess.Popen([sys.executable, "-c", "import time; "
+                            "time.sleep(60)"])
+  try:
+    names = {
+        "dead_file": f".mpistrategy-tmp-{gone.pid}-{host}-0123abcd-m.keras",
+        "dead_dir": f".mpistrategy-tmp-{gone.pid}-{host}-4567abcd-ckpt-4_temp",
+        "alive": f".mpistrategy-tmp-{alive.pid}-{host}-89abcdef-m.keras",
+        "mine": f".mpistrategy-tmp-{os.getpid()}-{host}-00000000-m.keras",
+        "other_host": f".mpistrategy-tmp-{gone.pid}-0000beef-11111111-m.keras",
+        "older_format": ".mpistrategy-tmp-0123456789ab-m.keras",
+        "users": "m.keras",
+    }
+    for key, name in names.items():
+      if key == "dead_dir":
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "part").write_text("x")
+      else:
+        (tmp_path / name).write_text("x")
+    new = checkpoint._temp_sibling(str(tmp_path / "m.keras"))  # pylint: disable=protected-access
+    assert checkpoint._TEMP_NAME.match(os.path.basename(new)), new  # pylint: disable=protected-access
+    left = set(os.listdir(tmp_path))
+    assert names["dead_file"] not in left and names["dead_dir"] not in left
+    for key in ("alive", "mine", "other_host", "older_format", "users"):
+      assert names[key] in left, (key, left)
+  finally:
+    alive.kill()
+    alive.wait(30)
