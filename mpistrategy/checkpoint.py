@@ -822,8 +822,13 @@ def _write_for_user(path, write, atomic=True, stage=False):
     if not _is_chief():
       mirrored = _mirror_for_write(path, fresh=atomic)
       start = time.time_ns()
-      with _naming_user_path(path, mirrored), _messages_naming(path, mirrored):
-        result = write(mirrored)
+      try:
+        with (_naming_user_path(path, mirrored),
+              _messages_naming(path, mirrored)):
+          result = write(mirrored)
+      except (OSError, tf.errors.OpError) as error:
+        _raise_if_scratch_full(error, path)
+        raise
       _date_copy(mirrored, start)
       if _is_local(path) and _on_chief_host():
         # As rank 0's replacement: never a file for a directory, or back.
@@ -840,6 +845,26 @@ def _write_for_user(path, write, atomic=True, stage=False):
     if not os.path.isdir(os.path.dirname(real)):
       return write(path)  # the writer fails, or makes the directories
     return _write_atomically(real, write, stage=stage, shown=path)
+
+
+def _raise_if_scratch_full(error, path):
+  """A rank > 0's full scratch disk, named as such.
+
+  The error of a full disk names the user's path (`_naming_user_path`),
+  which may have plenty of room: the disk that filled up is this rank's
+  `$TMPDIR`.
+
+  Raises:
+    OSError: `error` says the disk is full (ENOSPC, EDQUOT).
+  """
+  code = getattr(_as_os_error(error), "errno", None)
+  if code not in (errno.ENOSPC, errno.EDQUOT):
+    return
+  raise OSError(
+      code, f"{os.strerror(code)}: rank {_STATE['rank']} writes its own copy "
+      f"of {os.fspath(path)} under {_STATE['scratch']} (in $TMPDIR, on this "
+      "host), and that disk is full; rank 0 writes the path you gave. Free "
+      "space there or set TMPDIR to a larger local disk") from error
 
 
 def _write_tf_checkpoint_atomically(orig_write, ckpt, prefix, options):

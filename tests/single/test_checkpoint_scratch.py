@@ -137,3 +137,21 @@ def test_a_save_removes_temporary_names_of_killed_writers_only(
   finally:
     alive.kill()
     alive.wait(30)
+
+
+@pytest.mark.parametrize("error", [
+    OSError(28, "No space left on device", "/data/m.keras"),
+    tf.errors.ResourceExhaustedError(
+        None, None, "/data/m.index; No space left on device (errno = 28)"),
+], ids=["OSError", "OpError"])
+def test_a_full_scratch_disk_on_a_rank_above_0_is_named(error, monkeypatch):
+  monkeypatch.setitem(checkpoint._STATE, "rank", 1)  # pylint: disable=protected-access
+  monkeypatch.setitem(checkpoint._STATE, "scratch", "/s/mpistrategy-rank1-ab")  # pylint: disable=protected-access
+  with pytest.raises(OSError) as raised:
+    checkpoint._raise_if_scratch_full(error, "/data/m.keras")  # pylint: disable=protected-access
+  text = str(raised.value)
+  assert raised.value.errno == 28 and raised.value.__cause__ is error
+  for part in ("rank 1", "/data/m.keras", "/s/mpistrategy-rank1-ab", "TMPDIR"):
+    assert part in text, text
+  # Other errors pass through unchanged.
+  checkpoint._raise_if_scratch_full(OSError(2, "No such file"), "/data/m")  # pylint: disable=protected-access
