@@ -1012,10 +1012,9 @@ _READ_ADVICE = (
 
 
 def _join_name(what):
-  """The blocking join (cc/engine/negotiator.h) before the read `what`."""
+  """The blocking join's name (after its prefix) before the read `what`."""
   # The engine's messages on the other ranks quote this name.
-  return ("MPIBlockingJoin/%s (a collective checkpoint read: every rank "
-          "must call it)" % what)
+  return "%s (a collective checkpoint read: every rank must call it)" % what
 
 
 def _join_read(what):
@@ -1023,7 +1022,7 @@ def _join_read(what):
 
   A read into the strategy's variables must be made by every rank.  When
   some rank never makes it (`if rank == 0: checkpoint.restore(p)`), the
-  ranks that did would wait forever.  Instead:
+  ranks that did would wait forever.  Instead (`ops.blocking_join`):
 
   * if a rank that did not make it waits in another collective (the usual
     case: a broadcast, an allreduce of the next training step, a barrier),
@@ -1042,35 +1041,17 @@ def _join_read(what):
       collectives instead of making the call.
     tf.errors.DeadlineExceededError: the other ranks did not join in time.
   """
-  from mpistrategy import ops  # pylint: disable=g-import-not-at-top
+  from mpistrategy.ops import blocking_join  # pylint: disable=g-import-not-at-top
   timeout = _read_timeout()
-  box = {}
-
-  def run():
-    try:
-      ops.barrier(name=_join_name(what))
-      box["done"] = True
-    except BaseException as e:  # pylint: disable=broad-except
-      box["error"] = e
-
-  thread = threading.Thread(target=run, name="mpistrategy-checkpoint-read",
-                            daemon=True)
-  thread.start()
-  thread.join(timeout)
-  error = box.get("error")
-  if (isinstance(error, tf.errors.FailedPreconditionError) and
-      "Blocking join" in error.message):
-    # The engine's words, without TF's op decorations.
-    detail = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", error.message)
-    detail = re.sub(r"\s*\[Op:\w+\].*$", "", detail, flags=re.S)
+  try:
+    joined = blocking_join.join(_join_name(what), timeout)
+  except tf.errors.FailedPreconditionError as e:
     raise tf.errors.FailedPreconditionError(
         None, None,
         "mpistrategy: rank %d called %s, but other ranks went on to other "
         "collectives instead of making the same call. %s\n(engine: %s)" %
-        (_STATE["rank"], what, _READ_ADVICE, detail)) from None
-  if error is not None:
-    raise error
-  if "done" not in box:
+        (_STATE["rank"], what, _READ_ADVICE, e.message)) from None
+  if not joined:
     raise tf.errors.DeadlineExceededError(
         None, None,
         "mpistrategy: rank %d waited %g s in %s for the other ranks, which "

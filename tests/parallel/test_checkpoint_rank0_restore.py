@@ -24,6 +24,7 @@ import keras
 import mpistrategy
 from mpistrategy import checkpoint as mpi_checkpoint
 from mpistrategy import ops
+from mpistrategy.ops import blocking_join
 import mpistrategy.horovod.tensorflow as hvd
 
 R = mpistrategy.rank()
@@ -134,7 +135,7 @@ def test_rank0_only_restore_while_the_others_compute_times_out(
     time.sleep(read_timeout + 2.0)
     # The join rank 0 left posted: join it, so that it completes (a real
     # job ends on rank 0's error instead).
-    ops.barrier(name=mpi_checkpoint._join_name(  # pylint: disable=protected-access
+    ops.barrier(name=blocking_join.PREFIX + mpi_checkpoint._join_name(  # pylint: disable=protected-access
         WHAT["checkpoint"]))
   ops.barrier(name="rank0_restore/after_timeout")
 
