@@ -64,6 +64,7 @@ _KERAS_MODULES = {
     "keras_backup_and_restore": "keras.src.callbacks.backup_and_restore",
     "keras_batch_normalization":
         "keras.src.layers.normalization.batch_normalization",
+    "keras_callback_list": "keras.src.callbacks.callback_list",
     "keras_csv_logger": "keras.src.callbacks.csv_logger",
     "keras_file_utils": "keras.src.utils.file_utils",
     "keras_io_utils": "keras.src.utils.io_utils",

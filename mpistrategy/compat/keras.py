@@ -82,6 +82,16 @@ multi-process `MPIStrategy`, so single-process code is unaffected.
    (with more than one rank): Keras' generator adapter under a distribution
    strategy gives the ranks batches out of step, so rows would be missed or
    repeated without an error.  `predict` keeps it (its rows come out right).
+
+7. `CallbackList.on_train_batch_end` and `on_epoch_end` in `fit`: a
+   callback that sets `model.stop_training` on some ranks only (a time
+   budget read from each rank's clock, a decision from rank-local values)
+   would end their `fit` while the others wait in the next step's
+   collectives for ever.  Where `stop_training` is set after a batch or an
+   epoch, the rank enters a blocking join (`ops.blocking_join`): when every
+   rank stops there it passes, and otherwise, about a second later, every
+   rank fails with `FailedPreconditionError` naming the step and the rule.
+   Nothing is communicated while no callback stops `fit`.
 """
 
 import re
@@ -323,6 +333,57 @@ _ENTRY_POINTS = (
     ("checkpoint_management", "CheckpointManager",
      "CheckpointManager", ("save", "restore_or_initialize")),
 )
+
+
+def patch_stop_training(rank):
+  """Makes `fit` agree across ranks when a callback stops it (7. above)."""
+  cls = _tfp.keras_callback_list.CallbackList
+  original_batch_end, original_epoch_end = (cls.on_train_batch_end,
+                                            cls.on_epoch_end)
+
+  def on_train_batch_end(self, batch, logs=None):
+    original_batch_end(self, batch, logs)
+    _agree_to_stop(self.model, rank, f"after batch {batch}")
+
+  def on_epoch_end(self, epoch, logs=None):
+    original_epoch_end(self, epoch, logs)
+    _agree_to_stop(self.model, rank, f"at the end of epoch {epoch}")
+
+  cls.on_train_batch_end, cls.on_epoch_end = on_train_batch_end, on_epoch_end
+
+
+# The blocking join of a stopping fit; the other ranks' errors quote it.
+_STOP_JOIN = ("Model.fit stop_training (a rank stopped fit: every rank must "
+              "set model.stop_training at the same step)")
+
+
+def _agree_to_stop(model, rank, where):
+  """Waits for every rank to stop `fit` too, or raises naming the rule.
+
+  Args:
+    model: the model of the callbacks (may be None).
+    rank: this rank.
+    where: the step at which this rank stops, for the message.
+
+  Raises:
+    tf.errors.FailedPreconditionError: other ranks went on training.
+  """
+  if not getattr(model, "stop_training", False) or not _is_multi_process(
+      getattr(model, "_distribute_strategy", None)):
+    return
+  from mpistrategy.ops import blocking_join  # pylint: disable=g-import-not-at-top
+  try:
+    # No timeout: ranks that go on reach the next step's collectives.
+    blocking_join.join(_STOP_JOIN, None)
+  except tf.errors.FailedPreconditionError as e:
+    raise tf.errors.FailedPreconditionError(
+        None, None,
+        f"mpistrategy: rank {rank} set model.stop_training {where}, but other "
+        "ranks went on training. Every rank must stop fit at the same step: "
+        "decide from the logs Keras passes to callbacks (global values, as "
+        "EarlyStopping and TerminateOnNaN do) or from values every rank "
+        "computes alike, not from this rank's own clock or data.\n"
+        f"(engine: {e.message})") from None
 
 
 def _rule_note(entry, rank):

@@ -359,6 +359,60 @@ def test_a_python_generator_is_refused_by_fit_and_evaluate(strategy):
   assert model.predict(inputs(), verbose=0).shape == (16, 1)
 
 
+class _StopAt(keras.callbacks.Callback):
+  """Sets model.stop_training after a batch or an epoch, on some ranks."""
+
+  def __init__(self, batch=None, epoch=None, ranks=None):
+    super().__init__()
+    self.batch, self.epoch = batch, epoch
+    self.ranks = ranks
+
+  def _mine(self):
+    return self.ranks is None or mpistrategy.rank() in self.ranks
+
+  def on_train_batch_end(self, batch, logs=None):
+    if batch == self.batch and self._mine():
+      self.model.stop_training = True
+
+  def on_epoch_end(self, epoch, logs=None):
+    if epoch == self.epoch and self._mine():
+      self.model.stop_training = True
+
+
+@pytest.mark.timeout(300)
+def test_fit_stopped_on_some_ranks_fails_on_every_rank(strategy):
+  # A callback that stops fit on rank 0 only (its own clock, say) used to
+  # leave the other ranks waiting in the next step for ever.
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+  x, y = np.ones([64, 2], np.float32), np.ones([64, 1], np.float32)
+  fit = dict(x=x, y=y, batch_size=4, verbose=0)  # 16 steps an epoch
+
+  # Every rank stops at the same step: fit ends there, as in one process.
+  for stop in (_StopAt(batch=2), _StopAt(epoch=1)):
+    model.fit(**fit, epochs=3, callbacks=[stop])
+    steps = int(model.optimizer.iterations.numpy())
+    model.optimizer.iterations.assign(0)
+    assert steps == (3 if stop.batch is not None else 32), steps
+
+  if mpistrategy.size() == 1:
+    return
+  for stop in (_StopAt(batch=2, ranks=[0]), _StopAt(epoch=0, ranks=[0])):
+    with pytest.raises(tf.errors.FailedPreconditionError) as info:
+      model.fit(**fit, epochs=3, callbacks=[stop])
+    text = info.value.message
+    if mpistrategy.rank() == 0:
+      where = ("after batch 2" if stop.batch is not None else
+               "at the end of epoch 0")
+      assert f"rank 0 set model.stop_training {where}, but other ranks " \
+             "went on training" in text, text
+    else:
+      assert "Model.fit stop_training" in text, text
+  # The engine goes on: a fit on every rank works.
+  model.fit(**fit, epochs=1)
+
+
 def test_uneven_batches_and_an_empty_rank(strategy):
   """Global batches that do not split evenly, and a rank with no rows.
 
