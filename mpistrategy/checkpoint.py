@@ -1429,8 +1429,14 @@ def patch_keras_callbacks():
   def mc_save_model(self, epoch, batch, logs):
     if not _active() or _is_chief():
       return orig_mc_save(self, epoch, batch, logs)
-    # Its messages name the epoch's file: any mirror reads as the user's.
-    with _swapped(self, ("filepath",)), _messages_naming(None, None):
+    # Its messages name the epoch's file, as the user spelled it.
+    try:
+      shown = self._get_file_path(epoch, batch, dict(logs or {}))  # pylint: disable=protected-access
+    except (KeyError, ValueError, IndexError):
+      shown = None  # the save itself raises Keras' error
+    with (_swapped(self, ("filepath",)),
+          _messages_naming(shown, None if shown is None else
+                           mirror_path(shown))):
       return orig_mc_save(self, epoch, batch, logs)
 
   mc._save_model = mc_save_model  # pylint: disable=protected-access

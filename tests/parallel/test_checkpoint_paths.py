@@ -194,6 +194,25 @@ def test_export_names_the_users_path(strategy, workdir):
 
 
 @pytest.mark.timeout(300)
+def test_a_verbose_model_checkpoint_names_the_users_path(strategy, workdir,
+                                                         monkeypatch):
+  # A relative pattern stays relative on every rank (a rank > 0 printed
+  # the absolute path of its copy).
+  m = _model(strategy)
+  monkeypatch.chdir(workdir)
+  printed = io.StringIO()
+  with contextlib.redirect_stdout(printed):
+    m.fit(np.ones([8, 3], np.float32), np.ones([8, 2], np.float32),
+          batch_size=4, epochs=1, verbose=0, callbacks=[
+              keras.callbacks.ModelCheckpoint("e{epoch:02d}.keras",
+                                              verbose=1)])
+  ops.barrier()
+  text = printed.getvalue()
+  assert "saving model to e01.keras" in text, text
+  assert workdir not in text, text
+
+
+@pytest.mark.timeout(300)
 def test_a_save_never_puts_a_file_for_a_directory_or_back(strategy, workdir):
   # One process fails there; a replacement would delete the user's data.
   m = _model(strategy)
