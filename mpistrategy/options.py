@@ -148,7 +148,8 @@ class Options:
       up to 16 ms (or this, if larger), so that an idle engine takes little
       CPU from TensorFlow.  Submitting a tensor wakes it immediately (and
       resets the sleep), so this is not a latency floor; it bounds how
-      stale the stall inspector's view can get.  A number > 0.  Default 1.
+      stale the stall inspector's view can get.  A number > 0 and at most
+      1000.  Default 1.
     fusion_wait_ms: After the first tensor reaches an idle engine, wait this
       many milliseconds for more before negotiating, so that tensors
       arriving a little apart share a fusion bucket.  A number in

@@ -12,6 +12,9 @@ namespace mpistrategy {
 
 namespace {
 
+// The longest cycle_time_ms accepted (see Validate).
+constexpr double kMaxCycleTimeMs = 1000.0;
+
 // The shortest text that reads back as `v` ("0.5", "1500", "inf", "nan");
 // std::to_chars is locale-independent.
 std::string Num(double v) {
@@ -182,6 +185,16 @@ Status EngineConfig::Validate() const {
   }
   if (!std::isfinite(cycle_time_ms) || !(cycle_time_ms > 0.0)) {
     return OutOfRange("cycle_time_ms", "a finite number > 0",
+                      Num(cycle_time_ms));
+  }
+  // An idle rank joins the negotiation only this often, and the stall
+  // inspector sees a late rank's submission only then: longer periods
+  // would delay stall warnings and timeouts by as much.
+  if (cycle_time_ms > kMaxCycleTimeMs) {
+    return OutOfRange("cycle_time_ms",
+                      "at most 1000 (an idle rank joins the negotiation this "
+                      "often, so a longer period delays stall warnings and "
+                      "timeouts)",
                       Num(cycle_time_ms));
   }
   if (!(fusion_wait_ms >= 0.0 && fusion_wait_ms <= 1000.0)) {

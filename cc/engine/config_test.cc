@@ -73,6 +73,11 @@ INSTANTIATE_TEST_SUITE_P(
                   "Options.fusion_threshold_bytes must be an integer >= 0 "
                   "(0 disables fusion), got -1"},
         RangeCase{"cycle_time_ms", "0.001", ""},
+        RangeCase{"cycle_time_ms", "1000", ""},
+        RangeCase{"cycle_time_ms", "4000",
+                  "Options.cycle_time_ms must be at most 1000 (an idle rank "
+                  "joins the negotiation this often, so a longer period "
+                  "delays stall warnings and timeouts), got 4000"},
         RangeCase{"cycle_time_ms", "0.0",
                   "Options.cycle_time_ms must be a finite number > 0, got 0"},
         RangeCase{"cycle_time_ms", "-2.5",

@@ -45,6 +45,9 @@ def test_frozen():
      "number > 0, got nan"),
     ("cycle_time_ms", float("inf"), "Options.cycle_time_ms must be a finite "
      "number > 0, got inf"),
+    ("cycle_time_ms", 4000, "Options.cycle_time_ms must be at most 1000 (an "
+     "idle rank joins the negotiation this often, so a longer period delays "
+     "stall warnings and timeouts), got 4000"),
     ("cache_capacity", -3, "Options.cache_capacity must be an integer in "
      "[0, 2147483647] (0 disables the response cache), got -3"),
     ("cache_capacity", 2**31, "Options.cache_capacity must be an integer in "
