@@ -334,7 +334,7 @@ def _host_answers(launcher_path, host, environ, mpi_args):
   argv = [launcher_path, "-np", "1", "-H", f"{host}:1"]
   if os.geteuid() == 0:
     argv.append("--allow-run-as-root")
-  argv += [a for text in mpi_args for a in shlex.split(text)]
+  argv += command_lib.split_mpi_args(mpi_args)
   try:
     done = subprocess.run(argv + ["true"], env=environ,
                           stdin=subprocess.DEVNULL, capture_output=True,

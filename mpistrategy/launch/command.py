@@ -303,28 +303,60 @@ def _num_proc(args, hosts):
                    "-H host1:SLOTS,... to run as many ranks as slots")
 
 
-def _is_compiled_program(path):
-  """Whether `path` is an ELF executable (a `python` binary, say)."""
+def split_mpi_args(texts):
+  """The launcher arguments of the `--mpi-args` values, split as a shell does.
+
+  Args:
+    texts: the `--mpi-args` values.
+
+  Returns:
+    A list of arguments.
+
+  Raises:
+    ValueError: a value cannot be split (an unclosed quote), naming it.
+  """
+  out = []
+  for text in texts:
+    try:
+      out += shlex.split(text)
+    except ValueError as e:
+      raise ValueError(f"--mpi-args={text!r}: {e}") from None
+  return out
+
+
+def _runs_as_given(path):
+  """Whether the file `path` is a program to run as it is.
+
+  An ELF executable (a `python` binary, say), or an executable script whose
+  `#!` line names another interpreter than Python (a shell wrapper that
+  sets up the rank's environment).  A Python script, `#!` or not, runs
+  under the launcher's interpreter.
+  """
   try:
     with open(path, "rb") as f:
-      return f.read(4) == b"\x7fELF"
+      head = f.readline(256)
   except OSError:
     return False
+  if head.startswith(b"\x7fELF"):
+    return True
+  return (head.startswith(b"#!") and b"python" not in head and
+          os.access(path, os.X_OK))
 
 
 def _program(args, environ, executable):
   """The rank command: `python script args`, or a program as given.
 
-  A program is one on PATH (`python train.py`) or a compiled one given by
-  its path (`.venv/bin/python train.py`, as `horovodrun` users write it);
-  any other file is a script for the launcher's interpreter.
+  A program is one on PATH (`python train.py`), a compiled one given by
+  its path (`.venv/bin/python train.py`, as `horovodrun` users write it)
+  or an executable script for another interpreter (`./wrapper.sh
+  train.py`); any other file is a script for the launcher's interpreter.
   """
   if not args.command:
     raise ValueError("no script given; usage: python -m mpistrategy.run "
                      "-np N script.py [args ...]")
   first = args.command[0]
   if os.path.isfile(first):
-    if _is_compiled_program(first):
+    if _runs_as_given(first):
       return list(args.command)
     return [executable, *args.command]
   if os.sep not in first and shutil.which(first, path=environ.get("PATH")):
@@ -366,7 +398,7 @@ def _openmpi_command(args, launcher_path, hosts, exported, set_vars, program,
     argv += ["-H", ",".join(h if n is None else f"{h}:{n}" for h, n in hosts)]
   if args.hostfile:
     argv += ["--hostfile", args.hostfile]
-  mpi_args = [a for s in args.mpi_args for a in shlex.split(s)]
+  mpi_args = split_mpi_args(args.mpi_args)
   if as_root:
     argv += ["--allow-run-as-root"]
   # Without hosts Open MPI allows one rank per core; -np N on this host is
@@ -417,7 +449,7 @@ def _mpich_command(args, launcher_path, hosts, set_vars, program, num_proc):
     argv += ["-f", args.hostfile]
   for name in sorted(set_vars):
     argv += ["-genv", name, set_vars[name]]
-  mpi_args = [a for s in args.mpi_args for a in shlex.split(s)]
+  mpi_args = split_mpi_args(args.mpi_args)
   if args.tag_output and not any(
       a in ("-l", "-prepend-rank", "--prepend-rank", "-prepend-pattern")
       for a in mpi_args):
@@ -450,7 +482,7 @@ def _srun_command(args, launcher_path, hosts, set_vars, program, num_proc):
   exports = ["ALL"] + [name if "," in set_vars[name] else
                        f"{name}={set_vars[name]}" for name in sorted(set_vars)]
   argv += ["--export=" + ",".join(exports)]
-  mpi_args = [a for s in args.mpi_args for a in shlex.split(s)]
+  mpi_args = split_mpi_args(args.mpi_args)
   if args.tag_output and not any(a in ("-l", "--label") for a in mpi_args):
     argv += ["--label"]
   return argv + mpi_args + program
@@ -521,7 +553,7 @@ def build_command(args, environ, launcher, launcher_path, mpi_flavour="openmpi",
     exported = sorted(
         name for name in env
         if name in EXPORTED_VARIABLES or name.startswith(EXPORTED_PREFIXES))
-    mpi_args = [a for s in args.mpi_args for a in shlex.split(s)]
+    mpi_args = split_mpi_args(args.mpi_args)
     as_root = (euid == 0 and "--allow-run-as-root" not in mpi_args and not (
         environ.get("OMPI_ALLOW_RUN_AS_ROOT") == "1" and
         environ.get("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM") == "1"))

@@ -262,6 +262,33 @@ def test_compiled_program_given_by_path_is_run_as_given(script):
                                                                   script]
 
 
+def test_unsplittable_mpi_args_are_named(script):
+  with pytest.raises(ValueError,
+                     match=r"--mpi-args=\"--tag-output 'x\": No closing "
+                     "quotation"):
+    _build(["-np", "2", "--mpi-args=--tag-output 'x", script])
+
+
+def test_executable_script_of_another_interpreter_is_run_as_given(tmp_path):
+  # A shell wrapper that sets up the rank's environment (it failed as a
+  # Python script with a SyntaxError).
+  wrapper = tmp_path / "wrapper.sh"
+  wrapper.write_text("#!/bin/sh\nexec \"$@\"\n")
+  wrapper.chmod(0o755)
+  command = _build(["-np", "2", "--verbose", str(wrapper), "train.py"])
+  assert command.argv[-2:] == [str(wrapper), "train.py"]
+  assert PYTHON not in command.argv
+  # An executable Python script, or a wrapper that cannot be executed,
+  # still runs with the launcher's interpreter.
+  for text, mode in (("#!/usr/bin/env python3\nprint(1)\n", 0o755),
+                     ("#!/bin/sh\nexec \"$@\"\n", 0o644)):
+    other = tmp_path / "other"
+    other.write_text(text)
+    other.chmod(mode)
+    assert _build(["-np", "2", "--verbose", str(other)]).argv[-2:] == [
+        PYTHON, str(other)]
+
+
 def test_checkout_goes_on_pythonpath_for_the_ranks(monkeypatch, script):
   # The launcher's mpistrategy comes from a checkout outside site-packages.
   monkeypatch.setattr(launch_command, "_package_parent", lambda: ROOT)
