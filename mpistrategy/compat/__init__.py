@@ -63,10 +63,10 @@ _PATCHES = (
     # offered a per-call hook around these methods.
     ("keras+tf.entry_points", False,
      lambda rank: keras.patch_entry_points(rank)),
-    # Not a Keras/TF defect: a callback that stops fit on some ranks only
-    # leaves the others waiting in the next step for ever; the stopping
-    # rank waits in a blocking join instead, which fails on every rank
-    # where the others went on.
+    # Not a Keras/TF defect: a callback that stops fit (evaluate, predict)
+    # on some ranks only leaves the others waiting in the next step for
+    # ever; the stopping rank waits in a blocking join instead, which fails
+    # on every rank where the others went on.
     ("keras.CallbackList.stop_training", True,
      lambda rank: keras.patch_stop_training(rank)),
     # Keras' ProgbarLogger prints on every process (N interleaved copies of

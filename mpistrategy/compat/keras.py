@@ -83,15 +83,17 @@ multi-process `MPIStrategy`, so single-process code is unaffected.
    strategy gives the ranks batches out of step, so rows would be missed or
    repeated without an error.  `predict` keeps it (its rows come out right).
 
-7. `CallbackList.on_train_batch_end` and `on_epoch_end` in `fit`: a
-   callback that sets `model.stop_training` on some ranks only (a time
-   budget read from each rank's clock, a decision from rank-local values)
-   would end their `fit` while the others wait in the next step's
-   collectives for ever.  Where `stop_training` is set after a batch or an
-   epoch, the rank enters a blocking join (`ops.blocking_join`): when every
-   rank stops there it passes, and otherwise, about a second later, every
-   rank fails with `FailedPreconditionError` naming the step and the rule.
-   Nothing is communicated while no callback stops `fit`.
+7. `CallbackList.on_train_batch_end` and `on_epoch_end` (`fit`),
+   `on_test_batch_end` (`evaluate`), `on_predict_batch_end` (`predict`): a
+   callback that sets `model.stop_training` (`stop_evaluating`,
+   `stop_predicting`) on some ranks only (a time budget read from each
+   rank's clock, a decision from rank-local values) would end their loop
+   while the others wait in the next step's collectives for ever.  Where
+   the flag is set after a batch or an epoch, the rank enters a blocking
+   join (`ops.blocking_join`): when every rank stops there it passes, and
+   otherwise, about a second later, every rank fails with
+   `FailedPreconditionError` naming the step and the rule.  Nothing is
+   communicated while no callback stops the loop.
 """
 
 import re
@@ -336,53 +338,70 @@ _ENTRY_POINTS = (
 
 
 def patch_stop_training(rank):
-  """Makes `fit` agree across ranks when a callback stops it (7. above)."""
+  """Makes fit/evaluate/predict agree when a callback stops them (7. above)."""
   cls = _tfp.keras_callback_list.CallbackList
-  original_batch_end, original_epoch_end = (cls.on_train_batch_end,
-                                            cls.on_epoch_end)
+  originals = {name: getattr(cls, name) for name in (
+      "on_train_batch_end", "on_epoch_end", "on_test_batch_end",
+      "on_predict_batch_end")}
 
   def on_train_batch_end(self, batch, logs=None):
-    original_batch_end(self, batch, logs)
-    _agree_to_stop(self.model, rank, f"after batch {batch}")
+    originals["on_train_batch_end"](self, batch, logs)
+    _agree_to_stop(self.model, rank, _FIT, f"after batch {batch}")
 
   def on_epoch_end(self, epoch, logs=None):
-    original_epoch_end(self, epoch, logs)
-    _agree_to_stop(self.model, rank, f"at the end of epoch {epoch}")
+    originals["on_epoch_end"](self, epoch, logs)
+    _agree_to_stop(self.model, rank, _FIT, f"at the end of epoch {epoch}")
+
+  def on_test_batch_end(self, batch, logs=None):
+    originals["on_test_batch_end"](self, batch, logs)
+    _agree_to_stop(self.model, rank, _EVALUATE, f"after batch {batch}")
+
+  def on_predict_batch_end(self, batch, logs=None):
+    originals["on_predict_batch_end"](self, batch, logs)
+    _agree_to_stop(self.model, rank, _PREDICT, f"after batch {batch}")
 
   cls.on_train_batch_end, cls.on_epoch_end = on_train_batch_end, on_epoch_end
+  cls.on_test_batch_end = on_test_batch_end
+  cls.on_predict_batch_end = on_predict_batch_end
 
 
-# The blocking join of a stopping fit; the other ranks' errors quote it.
-_STOP_JOIN = ("Model.fit stop_training (a rank stopped fit: every rank must "
-              "set model.stop_training at the same step)")
+# (call, the model's flag that stops it); the flag names the blocking join,
+# which the other ranks' errors quote.
+_FIT = ("Model.fit", "stop_training")
+_EVALUATE = ("Model.evaluate", "stop_evaluating")
+_PREDICT = ("Model.predict", "stop_predicting")
 
 
-def _agree_to_stop(model, rank, where):
-  """Waits for every rank to stop `fit` too, or raises naming the rule.
+def _agree_to_stop(model, rank, loop, where):
+  """Waits for every rank to stop the loop too, or raises naming the rule.
 
   Args:
     model: the model of the callbacks (may be None).
     rank: this rank.
+    loop: `_FIT`, `_EVALUATE` or `_PREDICT`.
     where: the step at which this rank stops, for the message.
 
   Raises:
-    tf.errors.FailedPreconditionError: other ranks went on training.
+    tf.errors.FailedPreconditionError: other ranks went on.
   """
-  if not getattr(model, "stop_training", False) or not _is_multi_process(
+  call, flag = loop
+  if not getattr(model, flag, False) or not _is_multi_process(
       getattr(model, "_distribute_strategy", None)):
     return
   from mpistrategy.ops import blocking_join  # pylint: disable=g-import-not-at-top
   try:
     # No timeout: ranks that go on reach the next step's collectives.
-    blocking_join.join(_STOP_JOIN, None)
+    blocking_join.join(
+        f"{call} {flag} (a rank stopped {call}: every rank must set "
+        f"model.{flag} at the same step)", None)
   except tf.errors.FailedPreconditionError as e:
     raise tf.errors.FailedPreconditionError(
         None, None,
-        f"mpistrategy: rank {rank} set model.stop_training {where}, but other "
-        "ranks went on training. Every rank must stop fit at the same step: "
-        "decide from the logs Keras passes to callbacks (global values, as "
-        "EarlyStopping and TerminateOnNaN do) or from values every rank "
-        "computes alike, not from this rank's own clock or data.\n"
+        f"mpistrategy: rank {rank} set model.{flag} {where}, but other ranks "
+        f"went on. Every rank must stop {call} at the same step: decide from "
+        "the logs Keras passes to callbacks (global values, as EarlyStopping "
+        "and TerminateOnNaN do) or from values every rank computes alike, "
+        "not from this rank's own clock or data.\n"
         f"(engine: {e.message})") from None
 
 

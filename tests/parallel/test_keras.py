@@ -380,7 +380,7 @@ class _StopAt(keras.callbacks.Callback):
 
 
 @pytest.mark.timeout(300)
-def test_fit_stopped_on_some_ranks_fails_on_every_rank(strategy):
+def test_a_loop_stopped_on_some_ranks_fails_on_every_rank(strategy):
   # A callback that stops fit on rank 0 only (its own clock, say) used to
   # leave the other ranks waiting in the next step for ever.
   with strategy.scope():
@@ -406,9 +406,33 @@ def test_fit_stopped_on_some_ranks_fails_on_every_rank(strategy):
       where = ("after batch 2" if stop.batch is not None else
                "at the end of epoch 0")
       assert f"rank 0 set model.stop_training {where}, but other ranks " \
-             "went on training" in text, text
+             "went on" in text, text
     else:
       assert "Model.fit stop_training" in text, text
+
+  # evaluate's and predict's own flags, likewise.
+  class StopTest(keras.callbacks.Callback):
+
+    def on_test_batch_end(self, batch, logs=None):
+      if batch == 1 and mpistrategy.rank() == 0:
+        self.model.stop_evaluating = True
+
+    def on_predict_batch_end(self, batch, logs=None):
+      if batch == 1 and mpistrategy.rank() == 0:
+        self.model.stop_predicting = True
+
+  for call, flag in (("evaluate", "stop_evaluating"),
+                     ("predict", "stop_predicting")):
+    with pytest.raises(tf.errors.FailedPreconditionError) as info:
+      if call == "evaluate":
+        model.evaluate(x, y, batch_size=4, verbose=0, callbacks=[StopTest()])
+      else:
+        model.predict(x, batch_size=4, verbose=0, callbacks=[StopTest()])
+    text = info.value.message
+    if mpistrategy.rank() == 0:
+      assert f"rank 0 set model.{flag} after batch 1" in text, text
+    else:
+      assert f"Model.{call} {flag}" in text, text
   # The engine goes on: a fit on every rank works.
   model.fit(**fit, epochs=1)
 
