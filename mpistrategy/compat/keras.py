@@ -340,29 +340,22 @@ _ENTRY_POINTS = (
 def patch_stop_training(rank):
   """Makes fit/evaluate/predict agree when a callback stops them (7. above)."""
   cls = _tfp.keras_callback_list.CallbackList
-  originals = {name: getattr(cls, name) for name in (
-      "on_train_batch_end", "on_epoch_end", "on_test_batch_end",
-      "on_predict_batch_end")}
 
-  def on_train_batch_end(self, batch, logs=None):
-    originals["on_train_batch_end"](self, batch, logs)
-    _agree_to_stop(self.model, rank, _FIT, f"after batch {batch}")
+  def agree_after(method, loop, where):
+    original = getattr(cls, method)
 
-  def on_epoch_end(self, epoch, logs=None):
-    originals["on_epoch_end"](self, epoch, logs)
-    _agree_to_stop(self.model, rank, _FIT, f"at the end of epoch {epoch}")
+    def wrapper(self, step, logs=None):
+      original(self, step, logs)
+      _agree_to_stop(self.model, rank, loop, where % step)
 
-  def on_test_batch_end(self, batch, logs=None):
-    originals["on_test_batch_end"](self, batch, logs)
-    _agree_to_stop(self.model, rank, _EVALUATE, f"after batch {batch}")
+    wrapper.__name__ = wrapper.__qualname__ = method
+    wrapper.__doc__ = original.__doc__
+    setattr(cls, method, wrapper)
 
-  def on_predict_batch_end(self, batch, logs=None):
-    originals["on_predict_batch_end"](self, batch, logs)
-    _agree_to_stop(self.model, rank, _PREDICT, f"after batch {batch}")
-
-  cls.on_train_batch_end, cls.on_epoch_end = on_train_batch_end, on_epoch_end
-  cls.on_test_batch_end = on_test_batch_end
-  cls.on_predict_batch_end = on_predict_batch_end
+  agree_after("on_train_batch_end", _FIT, "after batch %d")
+  agree_after("on_epoch_end", _FIT, "at the end of epoch %d")
+  agree_after("on_test_batch_end", _EVALUATE, "after batch %d")
+  agree_after("on_predict_batch_end", _PREDICT, "after batch %d")
 
 
 # (call, the model's flag that stops it); the flag names the blocking join,
