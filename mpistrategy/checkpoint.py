@@ -523,11 +523,13 @@ def _remove_abandoned_temps(directory):
   host = _host_tag()
   for name in names:
     match = _TEMP_NAME.match(name)
-    if (match is None or match.group("host") != host or
-        int(match.group("pid")) == os.getpid()):
+    if match is None or match.group("host") != host:
+      continue
+    pid = int(match.group("pid"))
+    if pid == os.getpid():
       continue
     try:
-      os.kill(int(match.group("pid")), 0)
+      os.kill(pid, 0)
       continue  # alive (or a new process with its pid): keep
     except ProcessLookupError:
       pass

@@ -337,6 +337,13 @@ _ENTRY_POINTS = (
 )
 
 
+# (call, the model's flag that stops it); the flag names the blocking join,
+# which the other ranks' errors quote.
+_FIT = ("Model.fit", "stop_training")
+_EVALUATE = ("Model.evaluate", "stop_evaluating")
+_PREDICT = ("Model.predict", "stop_predicting")
+
+
 def patch_stop_training(rank):
   """Makes fit/evaluate/predict agree when a callback stops them (7. above)."""
   cls = _tfp.keras_callback_list.CallbackList
@@ -356,13 +363,6 @@ def patch_stop_training(rank):
   agree_after("on_epoch_end", _FIT, "at the end of epoch %d")
   agree_after("on_test_batch_end", _EVALUATE, "after batch %d")
   agree_after("on_predict_batch_end", _PREDICT, "after batch %d")
-
-
-# (call, the model's flag that stops it); the flag names the blocking join,
-# which the other ranks' errors quote.
-_FIT = ("Model.fit", "stop_training")
-_EVALUATE = ("Model.evaluate", "stop_evaluating")
-_PREDICT = ("Model.predict", "stop_predicting")
 
 
 def _agree_to_stop(model, rank, loop, where):
