@@ -16,6 +16,29 @@ std::string Mismatch(const Request& a, const Request& b,
          " " + vb + suffix;
 }
 
+bool IsHalfFloat(DataType dtype) {
+  return dtype == DataType::kFloat16 || dtype == DataType::kBFloat16;
+}
+
+bool IsWideFloat(DataType dtype) {
+  return dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
+}
+
+// A dtype mismatch message.  A 16-bit float against a wider one is what
+// ranks built with different compressions submit (compression casts before
+// the engine sees the tensor), so the message says so.
+std::string DtypeMismatch(const Request& a, const Request& b, DataType da,
+                          DataType db, const std::string& suffix = "") {
+  std::string hint;
+  if ((IsHalfFloat(da) && IsWideFloat(db)) ||
+      (IsWideFloat(da) && IsHalfFloat(db))) {
+    hint = " (16-bit floats against wider ones: do all ranks use the same "
+           "compression?)";
+  }
+  return Mismatch(a, b, "dtype", DataTypeName(da), DataTypeName(db),
+                  suffix + hint);
+}
+
 bool TrailingDimsMatch(const Shape& a, const Shape& b) {
   return a.size() == b.size() && !a.empty() &&
          std::equal(a.begin() + 1, a.end(), b.begin() + 1);
@@ -50,8 +73,8 @@ std::string ComparePackedGroups(const Request& a, const Request& b) {
   for (size_t i = 0; i < a.packed_shapes.size(); ++i) {
     const std::string tensor = " for grouped tensor " + std::to_string(i);
     if (PackedDtype(a, i) != PackedDtype(b, i)) {
-      return Mismatch(a, b, "dtype", DataTypeName(PackedDtype(a, i)),
-                      DataTypeName(PackedDtype(b, i)), tensor);
+      return DtypeMismatch(a, b, PackedDtype(a, i), PackedDtype(b, i),
+                           tensor);
     }
     if (a.packed_shapes[i] != b.packed_shapes[i]) {
       return Mismatch(a, b, "shape", ShapeString(a.packed_shapes[i]),
@@ -75,8 +98,7 @@ std::string CompareRequests(const Request& a, const Request& b) {
   const std::string group = ComparePackedGroups(a, b);
   if (!group.empty()) return group;
   if (a.dtype != b.dtype) {
-    return Mismatch(a, b, "dtype", DataTypeName(a.dtype),
-                    DataTypeName(b.dtype));
+    return DtypeMismatch(a, b, a.dtype, b.dtype);
   }
   if ((a.type == CollectiveType::kAllreduce ||
        a.type == CollectiveType::kReducescatter) &&

@@ -259,6 +259,20 @@ TEST(Negotiator, BuildResponseMessages) {
   EXPECT_EQ(BuildResponse("grad/dense_1", {a, b}).error_message,
             "Mismatched allreduce \"grad/dense_1\": rank 0 has device cpu but "
             "rank 1 has device gpu:0");
+  // A 16-bit float against a wider one asks about compression; two wide
+  // floats do not.
+  b = a;
+  b.rank = 1;
+  a.dtype = DataType::kFloat32;
+  b.dtype = DataType::kBFloat16;
+  EXPECT_EQ(BuildResponse("grad/dense_1", {a, b}).error_message,
+            "Mismatched allreduce \"grad/dense_1\": rank 0 has dtype float32 "
+            "but rank 1 has dtype bfloat16 (16-bit floats against wider "
+            "ones: do all ranks use the same compression?)");
+  b.dtype = DataType::kFloat64;
+  EXPECT_EQ(BuildResponse("grad/dense_1", {a, b}).error_message,
+            "Mismatched allreduce \"grad/dense_1\": rank 0 has dtype float32 "
+            "but rank 1 has dtype float64");
   // Allgather: first dims may differ.
   a.type = b.type = CollectiveType::kAllgather;
   b = a;

@@ -208,6 +208,7 @@ def test_ranks_disagreeing_on_compression_fail_everywhere():
   with pytest.raises(tf.errors.FailedPreconditionError) as info:
     ops.allreduce(tf.ones([3]), compression=comp, name="compression/mismatch")
   assert "compression/mismatch" in str(info.value)
+  assert "do all ranks use the same compression?" in str(info.value)
   y = ops.allreduce(tf.ones([3]), compression="fp16", name="compression/ok")
   np.testing.assert_array_equal(y.numpy(), [N, N, N])
 
