@@ -255,18 +255,30 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
           lambda unused_input_context: dataset, options)
     if self._num_replicas_in_sync > 1:
       _check_batched(dataset)
+    unsharded = (self._num_workers > 1 and _auto_shard_policy(dataset) ==
+                 tf.data.experimental.AutoShardPolicy.OFF)
     dataset = _owned_by_tensorflow(dataset)
     plain = self._plain_iterator_options(options)
     if plain is None:
-      return super()._experimental_distribute_dataset(dataset, options)
-    # The inherited method, less its refusal of PER_REPLICA options.
-    return _tfp.input_util.get_distributed_dataset(
-        dataset,
-        self._input_workers_with_options(plain),
-        self._container_strategy(),
-        num_replicas_in_sync=self._num_replicas_in_sync,
-        input_context=self._make_input_context(),
-        options=plain)
+      distributed = super()._experimental_distribute_dataset(dataset, options)
+    else:
+      # The inherited method, less its refusal of PER_REPLICA options.
+      distributed = _tfp.input_util.get_distributed_dataset(
+          dataset,
+          self._input_workers_with_options(plain),
+          self._container_strategy(),
+          num_replicas_in_sync=self._num_replicas_in_sync,
+          input_context=self._make_input_context(),
+          options=plain)
+    if unsharded:
+      # Without sharding, every rank splits every global batch into N pieces
+      # and yields them all: N times the dataset's batches, not the
+      # dataset's cardinality that TF reports and Keras would stop at
+      # (after the first 1/N of the rows).  Unknown, every rank iterates to
+      # the end.
+      distributed._cardinality = tf.data.UNKNOWN_CARDINALITY  # pylint: disable=protected-access
+      distributed._enable_get_next_as_optional = True  # pylint: disable=protected-access
+    return distributed
 
   def _distribute_datasets_from_function(self, dataset_fn, options):
     def owned_dataset_fn(input_context):
@@ -563,13 +575,7 @@ def _user_shard(dataset, num_shards):
   Returns:
     `(found, index)`: the shard's index where it is a constant, else None.
   """
-  if not isinstance(dataset, tf.data.Dataset):
-    return False, None
-  try:
-    policy = dataset.options().experimental_distribute.auto_shard_policy
-  except (AttributeError, TypeError):
-    return False, None
-  if policy != tf.data.experimental.AutoShardPolicy.AUTO:
+  if _auto_shard_policy(dataset) != tf.data.experimental.AutoShardPolicy.AUTO:
     return False, None
   for d in _pipeline(dataset):
     shards = getattr(d, "_num_shards", None)
@@ -579,6 +585,16 @@ def _user_shard(dataset, num_shards):
         index = tf.get_static_value(getattr(d, "_index", None))
         return True, None if index is None else int(index)
   return False, None
+
+
+def _auto_shard_policy(dataset):
+  """`dataset`'s `tf.data.experimental.AutoShardPolicy`, or None."""
+  if not isinstance(dataset, tf.data.Dataset):
+    return None
+  try:
+    return dataset.options().experimental_distribute.auto_shard_policy
+  except (AttributeError, TypeError):
+    return None
 
 
 def _pipeline(dataset):

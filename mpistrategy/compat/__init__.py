@@ -53,8 +53,9 @@ _PATCHES = (
     ("keras.TensorFlowTrainer._maybe_symbolic_build", False,
      lambda rank: keras.patch_symbolic_build()),
     # TFEpochIterator sizes an epoch by the local dataset's cardinality, which
-    # differs across ranks for datasets sharded per rank.  Removed when Keras
-    # uses the distributed dataset's (agreed) cardinality.
+    # differs across ranks for datasets sharded per rank, and is 1/N of the
+    # batches of a dataset that is not sharded (AutoShardPolicy.OFF).
+    # Removed when Keras uses the distributed dataset's (agreed) cardinality.
     ("keras.TFEpochIterator.__init__+TFDatasetAdapter.num_batches", False,
      lambda rank: keras.patch_epoch_iterator()),
     # Not a Keras/TF defect: wraps the Keras/TF calls that communicate

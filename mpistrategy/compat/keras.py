@@ -281,7 +281,7 @@ def patch_epoch_iterator():
   original_init = iterator_cls.__init__
 
   def num_batches(self):
-    if getattr(self, "_mpistrategy_lengths_differ", False):
+    if getattr(self, "_mpistrategy_count_unknown", False):
       return None
     return original_num_batches.fget(self)
 
@@ -295,8 +295,12 @@ def patch_epoch_iterator():
         tf.data.UNKNOWN_CARDINALITY and
         adapter.num_batches is not None and
         _is_multi_process(self._distribute_strategy)):  # pylint: disable=protected-access
-      adapter._mpistrategy_lengths_differ = True  # pylint: disable=protected-access
+      adapter._mpistrategy_count_unknown = True  # pylint: disable=protected-access
       self._num_batches = None  # pylint: disable=protected-access
+      if self.steps_per_epoch is None:
+        # Each epoch now ends where the data does, by design: Keras' "Your
+        # input ran out of data; interrupting training" would be wrong.
+        self._interrupted_warning = lambda: None  # pylint: disable=protected-access
 
   adapter_cls.num_batches = property(num_batches,
                                      doc=original_num_batches.__doc__)

@@ -12,6 +12,7 @@ user is still auto-sharded (global batch split over the ranks).
 """
 
 import threading
+import warnings
 
 import keras
 import numpy as np
@@ -186,3 +187,68 @@ def test_keras_fit_with_uneven_user_shards(strategy):
   gathered = ops.allgather(tf.constant(weights[None, :])).numpy()
   for other in gathered:
     np.testing.assert_array_equal(other, gathered[0])
+
+
+def _unsharded(ds):
+  options = tf.data.Options()
+  options.experimental_distribute.auto_shard_policy = (
+      tf.data.experimental.AutoShardPolicy.OFF)
+  return ds.with_options(options)
+
+
+@pytest.mark.timeout(300)
+def test_keras_with_sharding_off_sees_every_row_on_every_rank(strategy):
+  # OFF: every rank reads the whole dataset and splits each global batch,
+  # so each rank's epoch is N pieces per batch of the dataset.  Keras used
+  # to stop at the dataset's own cardinality: after 1/N of the rows, the
+  # same ones on every rank, the rest never seen.  With a last partial
+  # batch (9 rows).
+  rows = 9
+  x = np.arange(rows, dtype="float32")[:, None]
+  ds = _unsharded(tf.data.Dataset.from_tensor_slices((x, x)).batch(4))
+  batches = sum(1 for _ in strategy.experimental_distribute_dataset(ds))
+  trained = []
+
+  class Record(keras.layers.Layer):
+    """The identity; notes the rows each training step of this rank sees."""
+
+    def call(self, inputs, training=None):
+      if training:
+        def note(values):
+          trained.extend(values.numpy()[:, 0].tolist())
+          return values
+        inputs = tf.py_function(note, [inputs], inputs.dtype)
+        inputs.set_shape([None, 1])
+      return inputs
+
+  with strategy.scope():
+    model = keras.Sequential([
+        keras.Input((1,)), Record(),
+        keras.layers.Dense(1, kernel_initializer="ones", use_bias=False)])
+    model.compile(optimizer="sgd", loss="mse")
+  got = sorted(model.predict(ds, verbose=0)[:, 0].tolist())
+  assert got == sorted(list(range(rows)) * N), got
+  steps = []
+  record_steps = keras.callbacks.LambdaCallback(
+      on_train_batch_end=lambda batch, logs: steps.append(batch))
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    model.fit(ds, epochs=2, verbose=0, callbacks=[record_steps])
+  assert len(steps) == 2 * batches, (steps, batches)
+  # Each epoch ends where the data does, as it should: no "ran out of data".
+  assert not [w for w in caught if "ran out of data" in str(w.message)]
+  # Every row N times per epoch, over the ranks.
+  everyone = ops.allgather(tf.constant(trained, tf.float32)).numpy().tolist()
+  assert sorted(everyone) == sorted(list(range(rows)) * N * 2), everyone
+
+
+@pytest.mark.timeout(120)
+def test_custom_loop_with_sharding_off_sees_every_row(strategy):
+  ds = _unsharded(tf.data.Dataset.range(PER_RANK).batch(BATCH * N))
+  distributed = strategy.experimental_distribute_dataset(ds)
+  rows = _local_rows(strategy, distributed)
+  assert sorted(rows) == list(range(PER_RANK)), (len(rows), rows[:12])
+  # Its length is the pieces each rank iterates, which TF's cardinality
+  # (the dataset's own) does not say.
+  if N > 1:
+    assert distributed.cardinality == tf.data.UNKNOWN_CARDINALITY
