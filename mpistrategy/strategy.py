@@ -675,12 +675,47 @@ def _owned_by_tensorflow(dataset):
   return dataset.map(copy, deterministic=True)
 
 
+# Datasets whose elements are single rows, and transformations after which
+# an element is still one row.
+_ROW_SOURCES = frozenset({
+    "_TensorSliceDataset", "_RangeDataset", "TFRecordDatasetV2",
+    "TextLineDatasetV2", "FixedLengthRecordDatasetV2", "_UnbatchDataset"})
+_ROW_KEEPING = frozenset({
+    "_MapDataset", "_ParallelMapDataset", "_FilterDataset", "_ShuffleDataset",
+    "_RepeatDataset", "CacheDataset", "_TakeDataset", "_SkipDataset",
+    "_PrefetchDataset", "_OptionsDataset", "_ZipDataset",
+    "_ConcatenateDataset", "_ShardDataset", "_IgnoreErrorsDataset",
+    "_AssertCardinalityDataset"})
+
+
+def _reads_rows_unbatched(dataset):
+  """True where every element of `dataset` is known to be one row.
+
+  Follows the pipeline back from `dataset` through transformations that
+  keep rows to where its rows come from (a source or an `unbatch`); any
+  other transformation (a batch, an interleave) may make batches.
+  """
+  kind = type(dataset).__name__
+  if kind in _ROW_SOURCES:
+    return True
+  if kind not in _ROW_KEEPING:
+    return False
+  try:
+    inputs = dataset._inputs()  # pylint: disable=protected-access
+  except (AttributeError, NotImplementedError, TypeError):
+    return False
+  return bool(inputs) and all(
+      isinstance(i, tf.data.Dataset) and _reads_rows_unbatched(i)
+      for i in inputs)
+
+
 def _check_batched(dataset):
-  """Raises a clear error for a dataset whose elements have no batch axis.
+  """Refuses or warns of a dataset whose elements have no batch axis.
 
   `experimental_distribute_dataset` splits every element of the dataset
   along its first axis, the global batch; TF's rebatching fails with a bare
-  `IndexError` on a scalar component.
+  `IndexError` on a scalar component, and splits a row of features (an
+  unbatched `from_tensor_slices(x)`) across the ranks without a word.
 
   Args:
     dataset: the `tf.data.Dataset` passed to `experimental_distribute_dataset`.
@@ -700,6 +735,17 @@ def _check_batched(dataset):
           f"{dataset.element_spec}). Batch it first "
           "(dataset.batch(global_batch_size)), or build each rank's input "
           "with distribute_datasets_from_function.")
+  if _reads_rows_unbatched(dataset):
+    # A warning, not an error: elements made whole batches beforehand
+    # (from_tensor_slices of [steps, batch, ...] arrays) look the same.
+    tf.get_logger().warning(
+        "MPIStrategy: experimental_distribute_dataset splits each element "
+        "along its first axis (the global batch) over the ranks, but this "
+        "dataset reads single rows (from_tensor_slices, range, a record "
+        "file) and nothing batches them, so each rank would get a part of "
+        "every row (element_spec %s). Batch it first "
+        "(dataset.batch(global_batch_size)); if each element already is a "
+        "whole global batch, ignore this.", dataset.element_spec)
 
 
 def _agree_on_cardinality(dataset):

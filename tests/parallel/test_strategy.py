@@ -325,6 +325,25 @@ def test_unbatched_dataset_gets_a_clear_error(strategy):
 
 
 @pytest.mark.timeout(120)
+def test_unbatched_rows_of_features_get_a_warning(strategy, caplog):
+  if N == 1:
+    pytest.skip("one rank uses the dataset as it is")
+  rows = np.arange(3 * 8, dtype=np.float32).reshape(3, 8)
+  unbatched = (tf.data.Dataset.from_tensor_slices((rows, rows))
+               .map(lambda x, y: (x, y)).shuffle(3).prefetch(1))
+  batched = tf.data.Dataset.from_tensor_slices(rows).batch(2 * N).prefetch(1)
+  whole_batches = tf.data.Dataset.from_tensors(rows)
+  for dataset, warns in ((unbatched, True), (batched, False),
+                         (whole_batches, False),
+                         (batched.unbatch().repeat(2), True)):
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tensorflow"):
+      strategy.experimental_distribute_dataset(dataset)
+    warned = [r for r in caplog.records if "reads single rows" in r.message]
+    assert bool(warned) == warns, (dataset, caplog.records)
+
+
+@pytest.mark.timeout(120)
 def test_distribute_values_from_function(strategy):
   vals = strategy.experimental_distribute_values_from_function(
       lambda ctx: tf.constant(float(ctx.replica_id_in_sync_group)))
