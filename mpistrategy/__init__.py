@@ -29,6 +29,7 @@ _version.check_versions()
 _LAZY = {
     "ops": ("mpistrategy.ops", None),
     "cross_device_ops": ("mpistrategy.cross_device_ops", None),
+    "gpu": ("mpistrategy.gpu", None),
     "MPIStrategy": ("mpistrategy.strategy", "MPIStrategy"),
     "Compression": ("mpistrategy.compression", "Compression"),
     "init": ("mpistrategy.runtime", "init"),

@@ -30,6 +30,19 @@ def test_version_comes_from_one_place():
   assert "__version__" not in open(os.path.join(ROOT, "setup.py")).read()
 
 
+def test_every_public_name_resolves_after_a_plain_import():
+  # The README writes `mpistrategy.gpu.pin_to_local_gpu`,
+  # `mpistrategy.ops.allreduce`, ...: each must work after `import
+  # mpistrategy` alone, in a fresh interpreter.
+  code = ("import mpistrategy\n"
+          "assert 'gpu' in mpistrategy.__all__\n"
+          "for name in mpistrategy.__all__:\n"
+          "  getattr(mpistrategy, name)\n"
+          "mpistrategy.gpu.pin_to_local_gpu\n")
+  subprocess.run([sys.executable, "-c", code], check=True, timeout=300,
+                 capture_output=True)
+
+
 def test_metadata_license_and_ranges():
   meta = importlib.metadata.metadata("mpistrategy")
   assert meta["Name"] == "mpistrategy"
