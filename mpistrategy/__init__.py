@@ -36,6 +36,8 @@ _LAZY = {
     "shutdown": ("mpistrategy.runtime", "shutdown"),
     "is_initialized": ("mpistrategy.runtime", "is_initialized"),
     "current_options": ("mpistrategy.runtime", "current_options"),
+    "start_timeline": ("mpistrategy.runtime", "start_timeline"),
+    "stop_timeline": ("mpistrategy.runtime", "stop_timeline"),
     "rank": ("mpistrategy.runtime", "rank"),
     "size": ("mpistrategy.runtime", "size"),
     "local_rank": ("mpistrategy.runtime", "local_rank"),

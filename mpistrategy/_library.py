@@ -95,6 +95,9 @@ def _declare(c):
       ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_double),
       ctypes.POINTER(ctypes.c_int)]
   c.mpistrategy_tuned_parameters.restype = ctypes.c_int
+  c.mpistrategy_set_timeline.argtypes = [ctypes.c_char_p, ctypes.c_char_p,
+                                         ctypes.c_int]
+  c.mpistrategy_set_timeline.restype = ctypes.c_int
   c.mpistrategy_shutdown.argtypes = []
   c.mpistrategy_shutdown.restype = None
   c.mpistrategy_engine_stopped.argtypes = []

@@ -287,6 +287,59 @@ def tuned_parameters():
           "fusion_wait_ms": wait_ms.value, "final": bool(final.value)}
 
 
+def start_timeline(path):
+  """Starts writing the engine timeline to `path`, from now on.
+
+  `Options.timeline` records the whole run, which for a long job makes a
+  file of gigabytes; this records a window of it (like Horovod's
+  `hvd.start_timeline`).  The file is the same Chrome trace (README,
+  "Timeline"): only rank 0 writes it unless `path` contains "{rank}".  A
+  timeline already being written (this one's or `Options.timeline`'s) is
+  closed first, a complete file.  Each rank switches on its own, between
+  negotiation cycles: call it on every rank (at the same step, for traces
+  that line up); nothing is communicated.
+
+  Args:
+    path: The file to write (str or os.PathLike).
+
+  Raises:
+    ValueError: `path` is empty or cannot be opened for writing (the
+      message names the file and the OS error); the previous timeline, if
+      any, goes on.
+    tf.errors.FailedPreconditionError: the engine has stopped.
+  """
+  path = os.fspath(path)
+  if not path:
+    raise ValueError("mpistrategy.start_timeline: the path is empty; use "
+                     "mpistrategy.stop_timeline() to stop recording")
+  _set_timeline(started_library(), path, "start_timeline")
+
+
+def stop_timeline():
+  """Closes the timeline file being written; a no-op when there is none.
+
+  The file is complete (valid JSON) when this returns.  Local, like
+  `start_timeline`.
+
+  Raises:
+    tf.errors.FailedPreconditionError: the engine has stopped.
+  """
+  if is_initialized():
+    _set_timeline(_lib(), "", "stop_timeline")
+
+
+def _set_timeline(lib, path, caller):
+  error_buf = ctypes.create_string_buffer(4096)
+  code = lib.c.mpistrategy_set_timeline(path.encode(), error_buf,
+                                        len(error_buf))
+  if code != 0:
+    message = error_buf.value.decode(errors="replace")
+    if code == _INVALID_ARGUMENT:
+      raise ValueError(f"mpistrategy.{caller}: {message}")
+    error_class = _ERRORS_BY_CODE.get(code, tf.errors.UnknownError)
+    raise error_class(None, None, f"mpistrategy.{caller}: {message}")
+
+
 def built_with_cuda():
   """Returns True when the op library has the GPU kernels."""
   return bool(_lib().c.mpistrategy_built_with_cuda())

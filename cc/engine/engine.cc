@@ -547,6 +547,7 @@ class Engine::Impl {
   EngineStats stats() const;
   bool stopped() const;
   TunedParameters tuned_parameters() const;
+  Status SetTimeline(const std::string& path);
   bool cpu_plane_reduces_parts() const {
     return cpu_plane_reduces_parts_.load(std::memory_order_acquire);
   }
@@ -561,8 +562,9 @@ class Engine::Impl {
   const std::unique_ptr<Transport> transport_;
   const int rank_;
   const int size_;
-  // Declared before executor_, which points to it.
-  const std::unique_ptr<Timeline> timeline_;
+  // Declared before executor_, which points to it.  Replaced only under
+  // cycle_mu_ (SetTimeline), and used only by whoever holds cycle_mu_.
+  std::unique_ptr<Timeline> timeline_;
 
  private:
   using PendingIter = std::list<PendingEntry>::iterator;
@@ -1575,6 +1577,18 @@ void Engine::Impl::TraceCycle(int64_t tensors, int64_t errors,
 
 namespace {
 
+// Opens this rank's timeline for `path` (EngineConfig::timeline_path), or
+// leaves *timeline null where the rank writes none (Timeline::PathForRank).
+Status OpenTimeline(const std::string& path, int rank, const PeerInfo& me,
+                    std::unique_ptr<Timeline>* timeline) {
+  const std::string file = Timeline::PathForRank(path, rank);
+  if (file.empty()) return Status::Ok();
+  Timeline::Options options;
+  options.process_name = "rank " + std::to_string(rank) + " (host " +
+                         me.host + ", pid " + std::to_string(me.pid) + ")";
+  return Timeline::Open(file, rank, options, timeline);
+}
+
 // Engine::Create's rank-local part: validates `config` and opens this rank's
 // files.
 Status OpenEngineFiles(const EngineConfig& config, int rank,
@@ -1582,16 +1596,8 @@ Status OpenEngineFiles(const EngineConfig& config, int rank,
                        std::unique_ptr<Timeline>* timeline,
                        std::FILE** autotune_log) {
   MPISTRATEGY_RETURN_IF_ERROR(config.Validate());
-  // Only the ranks that write a file open one (see Timeline::PathForRank).
-  const std::string timeline_file =
-      Timeline::PathForRank(config.timeline_path, rank);
-  if (!timeline_file.empty()) {
-    Timeline::Options options;
-    options.process_name = "rank " + std::to_string(rank) + " (host " +
-                           me.host + ", pid " + std::to_string(me.pid) + ")";
-    MPISTRATEGY_RETURN_IF_ERROR(
-        Timeline::Open(timeline_file, rank, options, timeline));
-  }
+  MPISTRATEGY_RETURN_IF_ERROR(
+      OpenTimeline(config.timeline_path, rank, me, timeline));
   // Rank 0 appends the autotuner's CSV log (header first when new).
   if (config.autotune && !config.autotune_log.empty() && rank == 0) {
     *autotune_log = std::fopen(config.autotune_log.c_str(), "a");
@@ -1610,6 +1616,32 @@ Status OpenEngineFiles(const EngineConfig& config, int rank,
 }
 
 }  // namespace
+
+Status Engine::Impl::SetTimeline(const std::string& path) {
+  static const char kStopped[] =
+      "cannot switch the timeline: the engine has stopped";
+  if (stopped()) return Status::FailedPrecondition(kStopped);
+  // Opened (and a replaced one closed) outside cycle_mu_: file I/O must not
+  // hold up the cycles.
+  std::unique_ptr<Timeline> next;
+  MPISTRATEGY_RETURN_IF_ERROR(
+      OpenTimeline(path, rank_, transport_->peer_info(), &next));
+  std::unique_ptr<Timeline> previous;
+  {
+    std::lock_guard<std::mutex> cycle(cycle_mu_);
+    if (stopped()) {
+      if (next != nullptr) next->Close();
+      return Status::FailedPrecondition(kStopped);
+    }
+    previous = std::move(timeline_);
+    timeline_ = std::move(next);
+    executor_.set_timeline(timeline_.get());
+    // A cycle that an op's thread left half done ends with a span from here.
+    trace_cycle_start_ = clock_();
+  }
+  if (previous != nullptr) previous->Close();
+  return Status::Ok();
+}
 
 Status Engine::Create(const EngineConfig& config,
                       std::unique_ptr<Transport> transport,
@@ -1676,6 +1708,10 @@ Status Engine::WaitForPeers(std::vector<PeerInfo>* peers) const {
 EngineStats Engine::stats() const { return impl_->stats(); }
 TunedParameters Engine::tuned_parameters() const {
   return impl_->tuned_parameters();
+}
+
+Status Engine::SetTimeline(const std::string& path) {
+  return impl_->SetTimeline(path);
 }
 
 }  // namespace mpistrategy

@@ -203,6 +203,15 @@ class Engine {
   // so a group's packed_inputs may come with packed_outputs; false before.
   bool cpu_plane_reduces_parts() const;
 
+  // Thread-safe.  Starts writing a timeline to `path` (Timeline::PathForRank
+  // decides which ranks write, as for EngineConfig::timeline_path), closing
+  // the file written so far, if any; an empty `path` only closes it.  The
+  // switch happens between cycles: spans of collectives under way go to
+  // the file in force when they end.  Returns InvalidArgument naming a file
+  // that cannot be opened (the current file then stays), or
+  // FailedPrecondition once the engine has stopped.
+  Status SetTimeline(const std::string& path);
+
   // Thread-safe: the fusion parameters in force on this rank.  Rank 0's
   // (which govern every rank from the first negotiation on) or, with
   // EngineConfig::autotune, the autotuner's latest choice; `final` once

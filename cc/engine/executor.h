@@ -48,6 +48,10 @@ class Executor {
   explicit Executor(Transport* transport, bool hierarchical_allreduce = false,
                     Timeline* timeline = nullptr);
 
+  // Where later buckets' spans go (null: nowhere).  By the owner of the
+  // cycles only, between buckets (Engine::SetTimeline).
+  void set_timeline(Timeline* timeline) { timeline_ = timeline; }
+
   // Sets up the plane of CPU tensors (Transport::CreateHostPlane): every
   // rank, once, before the first Execute.  Without it, or when the
   // transport creates none, CPU tensors go through the transport.  An error
@@ -146,7 +150,7 @@ class Executor {
 
   Transport* transport_;
   const bool hierarchical_allreduce_;
-  Timeline* const timeline_;  // may be null
+  Timeline* timeline_;  // may be null
   int rank_;
   int size_;
   HostPlane host_plane_;

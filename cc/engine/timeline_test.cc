@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
@@ -676,6 +677,77 @@ TEST(TimelineEngine, AbortReturnsWithEveryFileComplete) {
     EXPECT_TRUE(FindRow(rows, "before_abort") != nullptr) << file;
   }
   for (auto& engine : engines) engine.reset();
+}
+
+// Per rank: an allreduce named `name`; true when it completed.
+bool AllreduceOnEveryRank(std::vector<std::unique_ptr<Engine>>* engines,
+                          const std::string& name) {
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (size_t r = 0; r < engines->size(); ++r) {
+    threads.emplace_back([engines, r, &name, &ok] {
+      std::vector<float> in(4, 1.0f);
+      std::vector<float> out(4);
+      TensorEntry entry = Allreduce(name, &in, &out);
+      auto f = Watch(&entry);
+      (*engines)[r]->Enqueue(std::move(entry));
+      if (Await(&f).ok()) ++ok;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return ok == static_cast<int>(engines->size());
+}
+
+TEST(TimelineEngine, SetTimelineRecordsAWindowOfTheRun) {
+  TempDir dir;
+  const int size = 2;
+  auto world = FakeWorld::Create(size, 0, 30.0);
+  std::vector<std::unique_ptr<Engine>> engines(size);
+  for (int r = 0; r < size; ++r) {
+    ASSERT_TRUE(Engine::Create(TimelineConfig(""), world->CreateTransport(r),
+                               &engines[r]).ok());
+  }
+  ASSERT_TRUE(AllreduceOnEveryRank(&engines, "before"));
+  // A file that cannot be opened is named, and nothing changes.
+  const std::string missing = dir.File("missing/trace.json");
+  Status s = engines[0]->SetTimeline(missing);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(s.message(), missing)) << s.message();
+  const std::string first = dir.File("first.{rank}.json");
+  for (auto& e : engines) ASSERT_TRUE(e->SetTimeline(first).ok());
+  ASSERT_TRUE(AllreduceOnEveryRank(&engines, "during"));
+  // Switching closes the first file whole and opens the next.
+  const std::string second = dir.File("second.json");
+  for (auto& e : engines) ASSERT_TRUE(e->SetTimeline(second).ok());
+  ASSERT_TRUE(AllreduceOnEveryRank(&engines, "later"));
+  for (auto& e : engines) ASSERT_TRUE(e->SetTimeline("").ok());
+  ASSERT_TRUE(AllreduceOnEveryRank(&engines, "after"));
+  for (int r = 0; r < size; ++r) {
+    const std::map<int64_t, Row> rows =
+        Rows(ReadEvents(dir.File("first." + std::to_string(r) + ".json")));
+    const Row* during = FindRow(rows, "during");
+    ASSERT_TRUE(during != nullptr) << r;
+    EXPECT_EQ(SpanSequence(*during),
+              (std::vector<std::string>{"NEGOTIATE", "QUEUE", "ALLREDUCE"}));
+    EXPECT_TRUE(FindRow(rows, "before") == nullptr) << r;
+    EXPECT_TRUE(FindRow(rows, "later") == nullptr) << r;
+  }
+  const std::map<int64_t, Row> rows = Rows(ReadEvents(second));
+  EXPECT_TRUE(FindRow(rows, "later") != nullptr);
+  EXPECT_TRUE(FindRow(rows, "during") == nullptr);
+  EXPECT_TRUE(FindRow(rows, "after") == nullptr);
+  EXPECT_EQ(dir.NumFiles(), 3) << "second.json: rank 0 only";
+  // After the engine stopped, a switch is refused.
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&engines, r] {
+      engines[r]->Abort("test", 10.0);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  s = engines[0]->SetTimeline(dir.File("late.json"));
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_FALSE(std::filesystem::exists(dir.File("late.json")));
 }
 
 TEST(TimelineEngine, CreateFailsWhenTheFileCannotBeCreated) {

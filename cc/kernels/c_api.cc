@@ -351,6 +351,21 @@ int mpistrategy_tuned_parameters(int64_t* fusion_threshold_bytes,
   return 0;
 }
 
+// Engine::SetTimeline(path): 0, or a StatusCode (common.h) with the message
+// copied to error_buf; FailedPrecondition when not initialized.
+int mpistrategy_set_timeline(const char* path, char* error_buf,
+                             int error_len) {
+  std::shared_ptr<mpistrategy::Engine> engine =
+      mpistrategy::EngineHolder::Instance().Get();
+  mpistrategy::Status status =
+      engine == nullptr
+          ? mpistrategy::Status::FailedPrecondition(
+                "mpistrategy is not initialized")
+          : engine->SetTimeline(path == nullptr ? "" : path);
+  mpistrategy::CopyMessage(status.message(), error_buf, error_len);
+  return static_cast<int>(status.code());
+}
+
 // 1 when MPI is initialized with MPI_THREAD_MULTIPLE, else 0.
 int mpistrategy_mpi_threads_supported() {
   int initialized = 0;

@@ -482,8 +482,6 @@ def test_unsupported_features_raise():
       (hvd.join, (), "join"),
       (hvd.add_process_set, ([0],), "process set"),
       (hvd.remove_process_set, (None,), "process set"),
-      (hvd.start_timeline, ("/tmp/x.json",), "HOROVOD_TIMELINE"),
-      (hvd.stop_timeline, (), "timeline"),
       (hvd.broadcast_global_variables, (0,), "broadcast_variables"),
       (hvd.SyncBatchNormalization, (), "synchronized=True"),
       (hvd.elastic.run, (lambda: None,), "elastic"),

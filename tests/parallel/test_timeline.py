@@ -295,3 +295,35 @@ def test_engine_runs_without_timeline_afterwards():
   assert mpistrategy.current_options().timeline == ""
   assert ops.allreduce(tf.constant(RANK + 1.0),
                        name="timeline/after").numpy() == S
+
+
+def _row_names(path):
+  with open(path) as f:
+    events = json.load(f)
+  return {e["args"]["name"] for e in events
+          if e["ph"] == "M" and e["name"] == "thread_name"}
+
+
+def test_start_and_stop_timeline_on_every_rank(shared_dir):
+  ops.allreduce(tf.constant(1.0), name="window/before")
+  path = os.path.join(shared_dir, "window.{rank}.json")
+  mpistrategy.start_timeline(path)
+  ops.allreduce(tf.constant(1.0), name="window/during")
+  ops.allgather(tf.constant([1.0]), name="window/gather")
+  mpistrategy.stop_timeline()
+  ops.allreduce(tf.constant(1.0), name="window/after")
+  rows = _row_names(path.replace("{rank}", str(RANK)))
+  assert {"window/during", "window/gather"} <= rows
+  assert not {"window/before", "window/after"} & rows
+
+
+def test_horovod_start_timeline_writes_rank_0s_file(shared_dir):
+  import mpistrategy.horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+  hvd.init()
+  path = os.path.join(shared_dir, "hvd.json")
+  hvd.start_timeline(path, mark_cycles=True)
+  hvd.allreduce(tf.constant([1.0]), name="window/hvd")
+  hvd.stop_timeline()
+  ops.barrier(name="window/hvd_written")
+  assert os.path.exists(path)
+  assert "window/hvd" in _row_names(path)

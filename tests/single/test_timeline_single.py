@@ -117,3 +117,24 @@ def test_chained_allreduces_reduce_in_place(tmp_path, restore_options):
   # The first op's input is the function's argument, held by the caller.
   assert in_place == {"chain.0": [0, 0, 0], "chain.1": [1, 1, 1],
                       "chain.2": [1, 1, 1], "chain.3": [1, 1, 1]}
+
+
+def test_start_and_stop_timeline_record_a_window(tmp_path):
+  assert mpistrategy.current_options().timeline == ""
+  ops.allreduce(tf.ones([2]), name="window/before")
+  with pytest.raises(ValueError, match="no-such-directory"):
+    mpistrategy.start_timeline(tmp_path / "no-such-directory" / "t.json")
+  with pytest.raises(ValueError, match="stop_timeline"):
+    mpistrategy.start_timeline("")
+  path = tmp_path / "window.json"
+  mpistrategy.start_timeline(path)
+  ops.allreduce(tf.ones([2]), name="window/during")
+  mpistrategy.stop_timeline()
+  ops.allreduce(tf.ones([2]), name="window/after")
+  mpistrategy.stop_timeline()  # none open: nothing to do
+  with open(path) as f:
+    events = json.load(f)  # complete once stop_timeline returned
+  rows = {e["args"]["name"] for e in events
+          if e["ph"] == "M" and e["name"] == "thread_name"}
+  assert "window/during" in rows
+  assert not {"window/before", "window/after"} & rows

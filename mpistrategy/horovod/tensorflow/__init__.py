@@ -61,6 +61,8 @@ from mpistrategy.horovod.tensorflow.basics import rocm_built
 from mpistrategy.horovod.tensorflow.basics import shutdown
 from mpistrategy.horovod.tensorflow.basics import size
 from mpistrategy.horovod.tensorflow.basics import size_op
+from mpistrategy.horovod.tensorflow.basics import start_timeline
+from mpistrategy.horovod.tensorflow.basics import stop_timeline
 from mpistrategy.horovod.tensorflow.functions import Adasum
 from mpistrategy.horovod.tensorflow.functions import allgather
 from mpistrategy.horovod.tensorflow.functions import allgather_object
@@ -96,8 +98,6 @@ from mpistrategy.horovod.tensorflow.unsupported import (
     broadcast_global_variables)
 from mpistrategy.horovod.tensorflow.unsupported import elastic
 from mpistrategy.horovod.tensorflow.unsupported import remove_process_set
-from mpistrategy.horovod.tensorflow.unsupported import start_timeline
-from mpistrategy.horovod.tensorflow.unsupported import stop_timeline
 from mpistrategy.horovod.tensorflow.unsupported import SyncBatchNormalization
 
 _compat.install_for_horovod()

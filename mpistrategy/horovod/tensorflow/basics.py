@@ -216,6 +216,29 @@ def shutdown():
   mpistrategy.shutdown()
 
 
+def start_timeline(file_path, mark_cycles=False):
+  """Starts writing the timeline to `file_path` (`mpistrategy.start_timeline`).
+
+  Args:
+    file_path: The Chrome-trace file; rank 0 writes it (every rank, with
+      "{rank}" in the path).
+    mark_cycles: Accepted for Horovod's signature: the timeline always has
+      a row of negotiation cycles.
+
+  Raises:
+    ValueError: `file_path` cannot be opened for writing.
+  """
+  del mark_cycles
+  check_initialized()
+  mpistrategy.start_timeline(file_path)
+
+
+def stop_timeline():
+  """Closes the timeline file (`mpistrategy.stop_timeline`)."""
+  check_initialized()
+  mpistrategy.stop_timeline()
+
+
 def is_initialized():
   """Returns True between `init()` and `shutdown()`."""
   return mpistrategy.is_initialized()

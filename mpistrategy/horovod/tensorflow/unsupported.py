@@ -8,9 +8,8 @@ silent no-op.
 import types
 
 __all__ = [
-    "add_process_set", "remove_process_set", "start_timeline",
-    "stop_timeline", "broadcast_global_variables", "SyncBatchNormalization",
-    "elastic",
+    "add_process_set", "remove_process_set", "broadcast_global_variables",
+    "SyncBatchNormalization", "elastic",
 ]
 
 
@@ -31,21 +30,6 @@ def remove_process_set(process_set):
   del process_set
   _refuse("hvd.remove_process_set (process sets)",
           "every collective runs on all ranks")
-
-
-def start_timeline(file_path, mark_cycles=False):
-  """Not provided at run time: start the timeline with the engine instead."""
-  del file_path, mark_cycles
-  _refuse("hvd.start_timeline (starting a timeline while running)",
-          "set HOROVOD_TIMELINE=<file> or MPISTRATEGY_TIMELINE=<file> (or "
-          "python -m mpistrategy.run --timeline <file>) before hvd.init()")
-
-
-def stop_timeline():
-  """Not provided at run time: the timeline ends with the engine."""
-  _refuse("hvd.stop_timeline",
-          "the timeline set with HOROVOD_TIMELINE/MPISTRATEGY_TIMELINE is "
-          "written until hvd.shutdown() or the end of the process")
 
 
 def broadcast_global_variables(root_rank):
