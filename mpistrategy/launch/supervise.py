@@ -112,6 +112,82 @@ def _local_ranks(pid):
   return ranks
 
 
+# Open MPI's shared-memory (vader) files: each rank unlinks its own at
+# MPI_Finalize, so a rank killed first leaves it, 4 MiB a rank.
+_SHM_DIR = "/dev/shm"
+_OPEN_MPI_SEGMENT_PREFIX = "vader_segment."
+
+
+def _open_mpi_segments():
+  """Paths of Open MPI's segments in /dev/shm that this user owns."""
+  try:
+    entries = os.scandir(_SHM_DIR)
+  except OSError:
+    return set()
+  with entries:
+    return {e.path for e in entries
+            if e.name.startswith(_OPEN_MPI_SEGMENT_PREFIX) and
+            _owned_by_me(e)}
+
+
+def _owned_by_me(entry):
+  try:
+    return entry.stat(follow_symlinks=False).st_uid == os.getuid()
+  except OSError:
+    return False
+
+
+def _mapped_files():
+  """Files that live processes map (as far as /proc/PID/maps can be read)."""
+  mapped = set()
+  try:
+    entries = os.listdir("/proc")
+  except OSError:
+    return mapped
+  for entry in entries:
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f"/proc/{entry}/maps", encoding="ascii",
+                errors="replace") as f:
+        mapped.update(line.split(maxsplit=5)[5].strip() for line in f
+                      if _SHM_DIR in line)
+    except (OSError, IndexError):
+      continue
+  return mapped
+
+
+def _remove_left_segments(before, settle_seconds=1.0):
+  """Removes Open MPI segments that appeared since `before` and are unused.
+
+  After a second Ctrl-C (or a rank killed outright) the ranks die without
+  unlinking their segments, and a container's small /dev/shm fills up job
+  after job.  A segment is this job's when it appeared while the job ran;
+  one that a live process still maps (another job's) is left alone.
+
+  Args:
+    before: `_open_mpi_segments()` from before the job started.
+    settle_seconds: How long to wait for killed ranks to finish exiting
+      (a dying process still lists its mappings).
+
+  Returns:
+    The paths removed.
+  """
+  removed = []
+  deadline = time.monotonic() + settle_seconds
+  while True:
+    left = _open_mpi_segments() - before - set(removed)
+    for path in sorted(left - _mapped_files()):
+      try:
+        os.unlink(path)
+        removed.append(path)
+      except OSError:
+        pass
+    if not _open_mpi_segments() - before or time.monotonic() > deadline:
+      return removed
+    time.sleep(0.1)
+
+
 def _forward(proc, launcher, signum, preemption_signal=signal.SIGTERM):
   if launcher == "mpirun" and signum == signal.SIGTERM:
     ranks = _local_ranks(proc.pid)
@@ -169,6 +245,7 @@ def run_attempt(command, kill_after=DEFAULT_KILL_AFTER_SECONDS,
     if state["proc"] is not None:
       _forward(state["proc"], command.launcher, signum, preemption_signal)
 
+  segments_before = _open_mpi_segments()
   previous = {s: signal.signal(s, on_signal) for s in FORWARDED_SIGNALS}
   try:
     try:
@@ -202,6 +279,10 @@ def run_attempt(command, kill_after=DEFAULT_KILL_AFTER_SECONDS,
       os.kill(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
       pass
+  if received or returncode != 0:
+    for path in _remove_left_segments(segments_before):
+      if verbose:
+        say(f"removed {path}, left by a rank that did not finish")
   if returncode < 0:
     return 128 - returncode, received
   if returncode == preemption.EXIT_CODE:

@@ -269,6 +269,54 @@ def test_sigterm_to_the_launcher_ends_the_job():
     job.assert_no_leftovers(_rank_pids(job))
 
 
+def _mapped_open_mpi_segments(pids):
+  """Open MPI's /dev/shm segments that the processes `pids` map."""
+  segments = set()
+  for pid in pids:
+    try:
+      with open(f"/proc/{pid}/maps", encoding="ascii", errors="replace") as f:
+        segments.update(line.split()[-1] for line in f
+                        if "/dev/shm/vader_segment." in line)
+    except OSError:
+      pass
+  return segments
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_ctrl_c_twice_leaves_no_open_mpi_segments():
+  # A second Ctrl-C makes mpirun give up on its orderly teardown: the ranks
+  # die without unlinking Open MPI's shared-memory files, which then fill a
+  # container's small /dev/shm job after job.  The launcher removes them.
+  job = Job(["-np", str(NP)], ["--wait"])
+  segments = set()
+  try:
+    ready = job.wait_for("READY", NP, timeout=TIMEOUT)
+    if not ready:
+      job.kill()
+      job.wait(timeout=30)
+      pytest.fail("the ranks never got ready\n" + job.describe())
+    pids = _rank_pids(job)
+    segments = _mapped_open_mpi_segments(pids)
+    if not segments:
+      pytest.skip("the ranks map no Open MPI shared-memory segment here")
+    job.proc.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    job.proc.send_signal(signal.SIGINT)
+    job.wait(timeout=60)
+    assert not job.timed_out, job.describe()
+    assert job.returncode == 128 + signal.SIGINT, job.describe()
+    job.assert_no_leftovers(pids)
+    left = sorted(path for path in segments if os.path.exists(path))
+    assert not left, f"left in /dev/shm: {left}\n" + job.describe()
+  finally:
+    if job.returncode is None:
+      job.kill()
+      job.wait(timeout=30)
+    for path in segments:
+      if os.path.exists(path):
+        os.unlink(path)
+
+
 # --- output: rank prefix, quiet ranks, more ranks than cores, -H slots -------
 
 OUTPUT_SCRIPT = os.path.join(HERE, "scripts", "run_output.py")

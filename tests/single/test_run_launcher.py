@@ -1092,3 +1092,26 @@ def test_min_np_drops_a_host_that_no_longer_answers(
 def test_bad_restart_and_preemption_flags(capsys, script, argv, message):
   assert run.main([a.format(script=script) for a in argv]) == 2
   assert message in capsys.readouterr().err
+
+
+def test_segments_a_job_left_are_removed_and_others_kept(tmp_path,
+                                                         monkeypatch):
+  import mmap  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(supervise, "_SHM_DIR", str(tmp_path))
+
+  def segment(name):
+    path = tmp_path / name
+    path.write_bytes(b"\0" * 4096)
+    return path
+
+  older = segment("vader_segment.h.0.1.0")        # before the job
+  before = supervise._open_mpi_segments()  # pylint: disable=protected-access
+  left = segment("vader_segment.h.0.2.0")         # the job's, unused now
+  in_use = segment("vader_segment.h.0.3.0")       # another job's, mapped
+  other = segment("mpistrategy-123-abc")          # not Open MPI's
+  with open(in_use, "r+b") as f, mmap.mmap(f.fileno(), 4096):
+    removed = supervise._remove_left_segments(  # pylint: disable=protected-access
+        before, settle_seconds=0.3)
+  assert removed == [str(left)]
+  assert not left.exists()
+  assert older.exists() and in_use.exists() and other.exists()
