@@ -783,9 +783,14 @@ def _write_atomically(path, write, stage=False, shown=None):
       raise error from late[0]
     if os.path.lexists(target):
       _check_same_kind(target, path, shown)
-      if staged is not None:
-        _copy_tree(target, tmp)
-      _sync_tree(tmp)
+      try:
+        if staged is not None:
+          _copy_tree(target, tmp)
+        _sync_tree(tmp)
+      except OSError as error:
+        # Between two names of ours (the staged copy, the temporary
+        # sibling): the user named neither.
+        raise OSError(error.errno, error.strerror, shown) from None
       with _naming_user_path(shown, tmp):
         _move_into_place(tmp, path)
   except BaseException:

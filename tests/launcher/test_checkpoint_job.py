@@ -75,6 +75,9 @@ def test_full_file_system_keeps_the_previous_copy(launch, tmpfs, np_):
       kind, error = e.text.split(" ", 1)
       assert _ERRNO_28.search(error) or "ResourceExhausted" in error, (
           f"{kind}: rank 0's second write did not fail with ENOSPC: {error}")
+      # It names the user's path, not the staged copy or a temporary name.
+      assert "mpistrategy-rank" not in error and "stage-" not in error, (
+          f"{kind}: {error}")
     for r in range(1, np_):  # ranks > 0 write their scratch copy: no error
       assert all(e.text.endswith(" none") for e in job.events("ERROR", r))
     checks = job.events("CHECK", rank=0)
