@@ -255,6 +255,10 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
           lambda unused_input_context: dataset, options)
     if self._num_replicas_in_sync > 1:
       _check_batched(dataset)
+    if (self._num_workers > 1 and
+        _auto_shard_policy(dataset) == tf.data.experimental.AutoShardPolicy.AUTO
+        and _joins_files_and_memory(dataset)):
+      dataset = _sharded_by_data(dataset, self._id_in_cluster)
     unsharded = (self._num_workers > 1 and _auto_shard_policy(dataset) ==
                  tf.data.experimental.AutoShardPolicy.OFF)
     dataset = _owned_by_tensorflow(dataset)
@@ -595,6 +599,51 @@ def _auto_shard_policy(dataset):
     return dataset.options().experimental_distribute.auto_shard_policy
   except (AttributeError, TypeError):
     return None
+
+
+# Datasets that read files, or may inside their function: where TF's FILE
+# sharding (AUTO's first choice) shards.
+_READS_FILES = frozenset({
+    "TFRecordDatasetV2", "TextLineDatasetV2", "FixedLengthRecordDatasetV2",
+    "CsvDatasetV2", "_InterleaveDataset", "_ParallelInterleaveDataset",
+    "_FlatMapDataset"})
+
+
+def _reads_files(dataset):
+  return any(type(d).__name__ in _READS_FILES for d in _pipeline(dataset))
+
+
+def _joins_files_and_memory(dataset):
+  """True where a zip or concatenation joins files with data in memory.
+
+  AUTO shards such a pipeline by FILE: each rank reads its own files but
+  every row of the in-memory part, so a zip pairs features with the wrong
+  labels and drops rows, and a concatenation repeats the in-memory rows on
+  every rank.
+  """
+  for d in _pipeline(dataset):
+    if type(d).__name__ in ("_ZipDataset", "_ConcatenateDataset"):
+      try:
+        inputs = d._inputs()  # pylint: disable=protected-access
+      except (AttributeError, NotImplementedError, TypeError):
+        continue
+      if len({_reads_files(i) for i in inputs}) > 1:
+        return True
+  return False
+
+
+def _sharded_by_data(dataset, rank):
+  """`dataset` with AutoShardPolicy.DATA, said once on rank 0."""
+  if rank == 0 and "by_data" not in _LOGGED:
+    _LOGGED.add("by_data")
+    tf.get_logger().info(
+        "MPIStrategy: the dataset joins files with data in memory (zip or "
+        "concatenate), which sharding by file would misalign; it is sharded "
+        "by data (AutoShardPolicy.DATA): every rank reads every file.")
+  options = tf.data.Options()
+  options.experimental_distribute.auto_shard_policy = (
+      tf.data.experimental.AutoShardPolicy.DATA)
+  return dataset.with_options(options)
 
 
 def _pipeline(dataset):

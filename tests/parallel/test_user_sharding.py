@@ -252,3 +252,41 @@ def test_custom_loop_with_sharding_off_sees_every_row(strategy):
   # (the dataset's own) does not say.
   if N > 1:
     assert distributed.cardinality == tf.data.UNKNOWN_CARDINALITY
+
+
+@pytest.mark.timeout(300)
+def test_files_zipped_with_labels_in_memory_stay_paired(strategy, tmp_path):
+  # Sharding by file (AUTO's choice for files) would give each rank its own
+  # files but every label: features paired with the wrong labels, rows
+  # lost.  Each rank writes the same files under its own directory.
+  rows, files = 103, 4
+  paths = []
+  for f in range(files):
+    paths.append(str(tmp_path / f"part{f}.tfr"))
+    with tf.io.TFRecordWriter(paths[-1]) as writer:
+      for i in range(f, rows, files):
+        writer.write(tf.constant(float(i)).numpy().tobytes())
+  order = [i for f in range(files) for i in range(f, rows, files)]
+  features = tf.data.TFRecordDataset(paths).map(
+      lambda record: tf.io.decode_raw(record, tf.float32)[0])
+  labels = tf.data.Dataset.from_tensor_slices(np.array(order, np.float32))
+  for joined in (tf.data.Dataset.zip((features, labels)),
+                 tf.data.Dataset.zip((labels, features))):
+    pairs = []
+    for batch in strategy.experimental_distribute_dataset(joined.batch(8)):
+      a, b = (strategy.experimental_local_results(t)[0].numpy()
+              for t in batch)
+      pairs.extend(zip(a.tolist(), b.tolist()))
+    assert all(a == b for a, b in pairs), pairs[:8]
+    values = [a for a, _ in pairs]
+    everyone = ops.allgather(tf.constant(values, tf.float32)).numpy()
+    assert sorted(everyone.tolist()) == list(range(rows))
+  # Keras: evaluate with the right weights gives no loss at all.
+  with strategy.scope():
+    model = keras.Sequential([
+        keras.Input(()), keras.layers.Reshape((1,)),
+        keras.layers.Dense(1, kernel_initializer="ones", use_bias=False)])
+    model.compile(loss="mse")
+  loss = model.evaluate(tf.data.Dataset.zip((features, labels)).batch(8),
+                        verbose=0)
+  assert loss == 0.0, loss
