@@ -16,6 +16,7 @@ TF's multi-device one (`MPIExtended._plain_iterator_options` says why).
 """
 
 import copy
+import random
 import sys
 import weakref
 
@@ -423,9 +424,10 @@ class MPIStrategy(tf.distribute.MultiWorkerMirroredStrategy):
   * starts the mpistrategy engine (`mpistrategy.init()`);
   * every variable created under `scope()` starts from rank 0's initial
     value, so model weights agree even with different seeds per rank;
-  * broadcasts a random seed from rank 0 and sets it with
-    `tf.random.set_seed`, so unseeded shuffles (`model.fit(shuffle=True)`,
-    `Dataset.shuffle`) draw the same order on every rank and the
+  * gives every rank rank 0's numpy and Python `random` states and sets
+    TF's global seed from them (`tf.random.set_seed`), so unseeded shuffles
+    (`model.fit(shuffle=True)`, `Dataset.shuffle`, a `PyDataset`'s
+    `np.random.shuffle`) draw the same order on every rank and the
     auto-sharded batches partition the data exactly;
   * installs small, idempotent compatibility patches (see
     `mpistrategy.compat`, which lists them all): Keras'
@@ -491,7 +493,7 @@ class MPIStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     rank, size = self.extended._id_in_cluster, self.extended._num_workers  # pylint: disable=protected-access
     compat.install(rank=rank, size=size)
     if size > 1:
-      _broadcast_seed()
+      _agree_on_random_state()
 
   @property
   def cluster_resolver(self):
@@ -852,17 +854,32 @@ def _cluster_spec():
   return tf.train.ClusterSpec({"worker": runtime.rank_hosts()})
 
 
-def _broadcast_seed():
-  """Makes unseeded TF random ops agree across ranks (data order, P6).
+def _agree_on_random_state():
+  """Makes unseeded random draws agree across ranks (data order, P6).
 
-  Every rank draws from its numpy generator (so numpy streams stay in step
-  whatever the ranks do next), then rank 0's draw is broadcast and passed to
-  `tf.random.set_seed`.  A user who seeds numpy identically before creating
-  the strategy therefore gets a reproducible run.
+  Every rank takes rank 0's numpy and Python `random` global states, so a
+  pipeline that shuffles with them (a `PyDataset`'s `np.random.shuffle` in
+  `on_epoch_end`, a generator's `random.shuffle`) yields the same order on
+  every rank and the auto-sharded batches partition the data.  Then every
+  rank draws TF's global seed from the shared numpy state
+  (`tf.random.set_seed`): the seed rank 0's generator gives, so a user who
+  seeds before creating the strategy gets a reproducible run.
   """
   if not tf.executing_eagerly():
     return
-  seed = np.random.randint(0, 2**31 - 1)
+  _, keys, position, has_gauss, cached_gauss = np.random.get_state()
+  version, internal, gauss_next = random.getstate()
+  integers = np.concatenate([keys.astype(np.int64), [position, has_gauss],
+                             np.asarray(internal, np.int64)])
+  floats = np.array([cached_gauss, gauss_next or 0.0,
+                     float(gauss_next is None)])
   with tf.name_scope("MPIStrategySeed"):
-    seed = _ops().broadcast(tf.constant(seed, tf.int64), root_rank=0)
-  tf.random.set_seed(int(seed.numpy()))
+    integers = _ops().broadcast(tf.constant(integers), root_rank=0).numpy()
+    floats = _ops().broadcast(tf.constant(floats), root_rank=0).numpy()
+  n = len(keys)
+  np.random.set_state(("MT19937", integers[:n].astype(np.uint32),
+                       int(integers[n]), int(integers[n + 1]),
+                       float(floats[0])))
+  random.setstate((version, tuple(int(v) for v in integers[n + 2:]),
+                   None if floats[2] else float(floats[1])))
+  tf.random.set_seed(int(np.random.randint(0, 2**31 - 1)))

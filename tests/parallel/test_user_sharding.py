@@ -290,3 +290,63 @@ def test_files_zipped_with_labels_in_memory_stay_paired(strategy, tmp_path):
   loss = model.evaluate(tf.data.Dataset.zip((features, labels)).batch(8),
                         verbose=0)
   assert loss == 0.0, loss
+
+
+@pytest.mark.timeout(300)
+def test_a_pydataset_shuffled_with_numpy_partitions_every_epoch():
+  # The Keras guides' PyDataset shuffles its indices with numpy's global
+  # generator in on_epoch_end.  Ranks whose numpy states differ (a seed per
+  # rank, or none) took their parts of different batches: rows lost and
+  # doubled.  The strategy gives every rank rank 0's numpy state.
+  import random  # pylint: disable=import-outside-toplevel
+  np.random.seed(100 + R)
+  random.seed(200 + R)
+  strategy = MPIStrategy()
+  draws = np.array([[np.random.rand(), random.random()]])
+  gathered = ops.allgather(tf.constant(draws)).numpy()
+  assert (gathered == gathered[0]).all(), gathered
+  rows, batch = 48, 8
+
+  class Shuffled(keras.utils.PyDataset):
+
+    def __init__(self):
+      super().__init__()
+      self.order = np.arange(rows)
+      np.random.shuffle(self.order)
+
+    def __len__(self):
+      return rows // batch
+
+    def __getitem__(self, index):
+      picked = self.order[index * batch:(index + 1) * batch]
+      x = picked.astype(np.float32)[:, None]
+      return x, x
+
+    def on_epoch_end(self):
+      np.random.shuffle(self.order)
+
+  trained = []
+
+  class Record(keras.layers.Layer):
+    """The identity; notes the rows each training step of this rank sees."""
+
+    def call(self, inputs, training=None):
+      if training:
+        def note(values):
+          trained.append(values.numpy()[:, 0].tolist())
+          return values
+        inputs = tf.py_function(note, [inputs], inputs.dtype)
+        inputs.set_shape([None, 1])
+      return inputs
+
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((1,)), Record(),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+  model.fit(Shuffled(), epochs=2, verbose=0)
+  for epoch in range(2):
+    mine = [r for step in trained[epoch * (rows // batch):
+                                   (epoch + 1) * (rows // batch)]
+            for r in step]
+    everyone = ops.allgather(tf.constant(mine, tf.float32)).numpy()
+    assert sorted(everyone.tolist()) == list(range(rows)), (epoch, everyone)
