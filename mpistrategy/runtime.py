@@ -144,12 +144,7 @@ def _init(options, restart_stopped):
     config = options_lib.config_text(resolved)
     code = lib.c.mpistrategy_init(config, len(config), error_buf,
                                   len(error_buf))
-    if code != 0:
-      message = error_buf.value.decode(errors="replace")
-      if code == _INVALID_ARGUMENT:
-        raise ValueError(f"mpistrategy.init: {message}")
-      error_class = _ERRORS_BY_CODE.get(code, tf.errors.UnknownError)
-      raise error_class(None, None, f"mpistrategy.init failed: {message}")
+    _raise_for_code(code, error_buf, "init", " failed")
     _state.options = resolved
     if resolved.verbose:
       _output.undo_quiet()
@@ -332,12 +327,23 @@ def _set_timeline(lib, path, caller):
   error_buf = ctypes.create_string_buffer(4096)
   code = lib.c.mpistrategy_set_timeline(path.encode(), error_buf,
                                         len(error_buf))
-  if code != 0:
-    message = error_buf.value.decode(errors="replace")
-    if code == _INVALID_ARGUMENT:
-      raise ValueError(f"mpistrategy.{caller}: {message}")
-    error_class = _ERRORS_BY_CODE.get(code, tf.errors.UnknownError)
-    raise error_class(None, None, f"mpistrategy.{caller}: {message}")
+  _raise_for_code(code, error_buf, caller)
+
+
+def _raise_for_code(code, error_buf, caller, failed=""):
+  """Raises for a C call's StatusCode `code` (0: returns).
+
+  InvalidArgument (the caller's input) is a ValueError; the other codes
+  are their `tf.errors` classes.  The message is `error_buf`'s, after
+  "mpistrategy.<caller><failed>: ".
+  """
+  if code == 0:
+    return
+  message = error_buf.value.decode(errors="replace")
+  if code == _INVALID_ARGUMENT:
+    raise ValueError(f"mpistrategy.{caller}: {message}")
+  error_class = _ERRORS_BY_CODE.get(code, tf.errors.UnknownError)
+  raise error_class(None, None, f"mpistrategy.{caller}{failed}: {message}")
 
 
 def built_with_cuda():

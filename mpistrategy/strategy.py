@@ -262,6 +262,8 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
       dataset = _sharded_by_data(dataset, self._id_in_cluster)
     unsharded = (self._num_workers > 1 and _auto_shard_policy(dataset) ==
                  tf.data.experimental.AutoShardPolicy.OFF)
+    if self._num_workers > 1 and not unsharded:
+      _warn_if_order_may_differ(dataset)
     dataset = _owned_by_tensorflow(dataset)
     plain = self._plain_iterator_options(options)
     if plain is None:
@@ -797,6 +799,32 @@ def _check_batched(dataset):
         "every row (element_spec %s). Batch it first "
         "(dataset.batch(global_batch_size)); if each element already is a "
         "whole global batch, ignore this.", dataset.element_spec)
+
+
+def _warn_if_order_may_differ(dataset):
+  """Warns where the ranks' copies of `dataset` may yield another order.
+
+  Each rank takes its part of every batch of its own copy of the pipeline;
+  a transformation allowed to yield out of order (`deterministic=False`,
+  or `Options.deterministic = False`) may give the ranks different batches,
+  and rows are then lost and repeated without an error.
+  """
+  if not isinstance(dataset, tf.data.Dataset):
+    return
+  loose = [type(d).__name__.strip("_") for d in _pipeline(dataset)
+           if getattr(d, "_deterministic", None) == "false"]
+  try:
+    if dataset.options().deterministic is False:
+      loose.append("Options.deterministic")
+  except (AttributeError, TypeError):
+    pass
+  if loose:
+    tf.get_logger().warning(
+        "MPIStrategy: the dataset may yield its elements in another order on "
+        "each rank (deterministic=False in %s), but every rank takes its "
+        "part of the same global batches: rows would be lost and repeated. "
+        "Make it deterministic, or give each rank its own data with "
+        "distribute_datasets_from_function.", ", ".join(sorted(set(loose))))
 
 
 def _agree_on_cardinality(dataset):

@@ -240,15 +240,19 @@ def test_exit_code_of_a_rank_is_the_launchers():
     job.assert_no_leftovers(_rank_pids(job))
 
 
+def _wait_until_ready(job):
+  """Waits for every rank's READY; fails the test (job killed) otherwise."""
+  if not job.wait_for("READY", NP, timeout=TIMEOUT):
+    job.kill()
+    job.wait(timeout=30)
+    pytest.fail("the ranks never got ready\n" + job.describe())
+
+
 @pytest.mark.timeout(TIMEOUT + 30)
 def test_sigterm_to_the_launcher_ends_the_job():
   job = Job(["-np", str(NP)], ["--wait"])
   try:
-    ready = job.wait_for("READY", NP, timeout=TIMEOUT)
-    if not ready:
-      job.kill()
-      job.wait(timeout=30)
-      pytest.fail("the ranks never got ready\n" + job.describe())
+    _wait_until_ready(job)
     pids = _rank_pids(job)
     assert len(pids) == NP, job.describe()
     sent = time.time()
@@ -290,11 +294,7 @@ def test_ctrl_c_twice_leaves_no_open_mpi_segments():
   job = Job(["-np", str(NP)], ["--wait"])
   segments = set()
   try:
-    ready = job.wait_for("READY", NP, timeout=TIMEOUT)
-    if not ready:
-      job.kill()
-      job.wait(timeout=30)
-      pytest.fail("the ranks never got ready\n" + job.describe())
+    _wait_until_ready(job)
     pids = _rank_pids(job)
     segments = _mapped_open_mpi_segments(pids)
     if not segments:

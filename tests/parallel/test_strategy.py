@@ -325,6 +325,25 @@ def test_unbatched_dataset_gets_a_clear_error(strategy):
 
 
 @pytest.mark.timeout(120)
+def test_an_order_that_may_differ_per_rank_gets_a_warning(strategy, caplog):
+  if N == 1:
+    pytest.skip("one rank uses the dataset as it is")
+  loose = tf.data.Options()
+  loose.deterministic = False
+  base = tf.data.Dataset.range(8 * N)
+  for dataset, warns in (
+      (base.map(lambda x: x, num_parallel_calls=2,
+                deterministic=False).batch(2 * N), True),
+      (base.batch(2 * N).with_options(loose), True),
+      (base.map(lambda x: x, num_parallel_calls=2).batch(2 * N), False)):
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tensorflow"):
+      strategy.experimental_distribute_dataset(dataset)
+    warned = [r for r in caplog.records if "another order" in r.message]
+    assert bool(warned) == warns, (dataset, caplog.records)
+
+
+@pytest.mark.timeout(120)
 def test_unbatched_rows_of_features_get_a_warning(strategy, caplog):
   if N == 1:
     pytest.skip("one rank uses the dataset as it is")
