@@ -189,6 +189,23 @@ def test_keras_fit_with_uneven_user_shards(strategy):
     np.testing.assert_array_equal(other, gathered[0])
 
 
+class _Record(keras.layers.Layer):
+  """The identity; passes `on_rows` the rows of each training step here."""
+
+  def __init__(self, on_rows, **kwargs):
+    super().__init__(**kwargs)
+    self._on_rows = on_rows
+
+  def call(self, inputs, training=None):
+    if training:
+      def note(values):
+        self._on_rows(values.numpy()[:, 0].tolist())
+        return values
+      inputs = tf.py_function(note, [inputs], inputs.dtype)
+      inputs.set_shape([None, 1])
+    return inputs
+
+
 def _unsharded(ds):
   options = tf.data.Options()
   options.experimental_distribute.auto_shard_policy = (
@@ -208,22 +225,9 @@ def test_keras_with_sharding_off_sees_every_row_on_every_rank(strategy):
   ds = _unsharded(tf.data.Dataset.from_tensor_slices((x, x)).batch(4))
   batches = sum(1 for _ in strategy.experimental_distribute_dataset(ds))
   trained = []
-
-  class Record(keras.layers.Layer):
-    """The identity; notes the rows each training step of this rank sees."""
-
-    def call(self, inputs, training=None):
-      if training:
-        def note(values):
-          trained.extend(values.numpy()[:, 0].tolist())
-          return values
-        inputs = tf.py_function(note, [inputs], inputs.dtype)
-        inputs.set_shape([None, 1])
-      return inputs
-
   with strategy.scope():
     model = keras.Sequential([
-        keras.Input((1,)), Record(),
+        keras.Input((1,)), _Record(trained.extend),
         keras.layers.Dense(1, kernel_initializer="ones", use_bias=False)])
     model.compile(optimizer="sgd", loss="mse")
   got = sorted(model.predict(ds, verbose=0)[:, 0].tolist())
@@ -326,21 +330,8 @@ def test_a_pydataset_shuffled_with_numpy_partitions_every_epoch():
       np.random.shuffle(self.order)
 
   trained = []
-
-  class Record(keras.layers.Layer):
-    """The identity; notes the rows each training step of this rank sees."""
-
-    def call(self, inputs, training=None):
-      if training:
-        def note(values):
-          trained.append(values.numpy()[:, 0].tolist())
-          return values
-        inputs = tf.py_function(note, [inputs], inputs.dtype)
-        inputs.set_shape([None, 1])
-      return inputs
-
   with strategy.scope():
-    model = keras.Sequential([keras.Input((1,)), Record(),
+    model = keras.Sequential([keras.Input((1,)), _Record(trained.append),
                               keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
   model.fit(Shuffled(), epochs=2, verbose=0)
