@@ -491,17 +491,27 @@ TensorEntry Allreduce(const std::string& name, std::vector<float>* in,
   return e;
 }
 
+// One engine per rank of `world`, each writing `timeline_path`; false (with
+// the failure reported) when one cannot be created.
+bool CreateEngines(FakeWorld* world, const std::string& timeline_path,
+                   std::vector<std::unique_ptr<Engine>>* engines) {
+  engines->resize(world->size());
+  for (int r = 0; r < world->size(); ++r) {
+    Status s = Engine::Create(TimelineConfig(timeline_path),
+                              world->CreateTransport(r), &(*engines)[r]);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    if (!s.ok()) return false;
+  }
+  return true;
+}
+
 // Per rank: a grouped allreduce of three tensors (one fused bucket), a
 // plain allreduce, an allgather, a broadcast and a barrier, then destroys
 // the engines (which closes the files).
 void RunWorkload(const std::string& timeline_path, int size) {
   auto world = FakeWorld::Create(size, 0, 30.0);
-  std::vector<std::unique_ptr<Engine>> engines(size);
-  for (int r = 0; r < size; ++r) {
-    Status s = Engine::Create(TimelineConfig(timeline_path),
-                              world->CreateTransport(r), &engines[r]);
-    ASSERT_TRUE(s.ok()) << s.ToString();
-  }
+  std::vector<std::unique_ptr<Engine>> engines;
+  ASSERT_TRUE(CreateEngines(world.get(), timeline_path, &engines));
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&engines, r, size] {
@@ -648,12 +658,9 @@ TEST(TimelineEngine, AbortReturnsWithEveryFileComplete) {
   TempDir dir;
   const int size = 2;
   auto world = FakeWorld::Create(size, 0, 30.0);
-  std::vector<std::unique_ptr<Engine>> engines(size);
-  for (int r = 0; r < size; ++r) {
-    ASSERT_TRUE(Engine::Create(TimelineConfig(dir.File("trace.{rank}.json")),
-                               world->CreateTransport(r), &engines[r])
-                    .ok());
-  }
+  std::vector<std::unique_ptr<Engine>> engines;
+  ASSERT_TRUE(CreateEngines(world.get(), dir.File("trace.{rank}.json"),
+                            &engines));
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&engines, r] {
@@ -702,11 +709,8 @@ TEST(TimelineEngine, SetTimelineRecordsAWindowOfTheRun) {
   TempDir dir;
   const int size = 2;
   auto world = FakeWorld::Create(size, 0, 30.0);
-  std::vector<std::unique_ptr<Engine>> engines(size);
-  for (int r = 0; r < size; ++r) {
-    ASSERT_TRUE(Engine::Create(TimelineConfig(""), world->CreateTransport(r),
-                               &engines[r]).ok());
-  }
+  std::vector<std::unique_ptr<Engine>> engines;
+  ASSERT_TRUE(CreateEngines(world.get(), "", &engines));
   ASSERT_TRUE(AllreduceOnEveryRank(&engines, "before"));
   // A file that cannot be opened is named, and nothing changes.
   const std::string missing = dir.File("missing/trace.json");

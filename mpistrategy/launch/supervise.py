@@ -37,6 +37,14 @@ def say(text):
   sys.stderr.flush()
 
 
+def _all_pids():
+  """Every PID in /proc (Linux; else none)."""
+  try:
+    return [int(e) for e in os.listdir("/proc") if e.isdigit()]
+  except OSError:
+    return []
+
+
 def _pids_where(field, value):
   """PIDs whose /proc/PID/stat field `field` is `value` (Linux; else empty).
 
@@ -44,21 +52,15 @@ def _pids_where(field, value):
   3 session.
   """
   pids = []
-  try:
-    entries = os.listdir("/proc")
-  except OSError:
-    return pids
-  for entry in entries:
-    if not entry.isdigit():
-      continue
+  for pid in _all_pids():
     try:
-      with open(f"/proc/{entry}/stat", encoding="ascii",
+      with open(f"/proc/{pid}/stat", encoding="ascii",
                 errors="replace") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
       continue
     if len(fields) > field and fields[field] == str(value):
-      pids.append(int(entry))
+      pids.append(pid)
   return pids
 
 
@@ -140,15 +142,9 @@ def _owned_by_me(entry):
 def _mapped_files():
   """Files that live processes map (as far as /proc/PID/maps can be read)."""
   mapped = set()
-  try:
-    entries = os.listdir("/proc")
-  except OSError:
-    return mapped
-  for entry in entries:
-    if not entry.isdigit():
-      continue
+  for pid in _all_pids():
     try:
-      with open(f"/proc/{entry}/maps", encoding="ascii",
+      with open(f"/proc/{pid}/maps", encoding="ascii",
                 errors="replace") as f:
         mapped.update(line.split(maxsplit=5)[5].strip() for line in f
                       if _SHM_DIR in line)
