@@ -256,14 +256,15 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
           lambda unused_input_context: dataset, options)
     if self._num_replicas_in_sync > 1:
       _check_batched(dataset)
-    if (self._num_workers > 1 and
-        _auto_shard_policy(dataset) == tf.data.experimental.AutoShardPolicy.AUTO
-        and _joins_files_and_memory(dataset)):
-      dataset = _sharded_by_data(dataset, self._id_in_cluster)
-    unsharded = (self._num_workers > 1 and _auto_shard_policy(dataset) ==
-                 tf.data.experimental.AutoShardPolicy.OFF)
-    if self._num_workers > 1 and not unsharded:
-      _warn_if_order_may_differ(dataset)
+    unsharded = False
+    if self._num_workers > 1:
+      policy = _auto_shard_policy(dataset)
+      if (policy == tf.data.experimental.AutoShardPolicy.AUTO and
+          _joins_files_and_memory(dataset)):
+        dataset = _sharded_by_data(dataset, self._id_in_cluster)
+      unsharded = policy == tf.data.experimental.AutoShardPolicy.OFF
+      if not unsharded:
+        _warn_if_order_may_differ(dataset)
     dataset = _owned_by_tensorflow(dataset)
     plain = self._plain_iterator_options(options)
     if plain is None:
@@ -605,12 +606,14 @@ def _auto_shard_policy(dataset):
     return None
 
 
+# Datasets that read records from files, one record an element.
+_RECORD_READERS = frozenset({
+    "TFRecordDatasetV2", "TextLineDatasetV2", "FixedLengthRecordDatasetV2"})
 # Datasets that read files, or may inside their function: where TF's FILE
 # sharding (AUTO's first choice) shards.
-_READS_FILES = frozenset({
-    "TFRecordDatasetV2", "TextLineDatasetV2", "FixedLengthRecordDatasetV2",
+_READS_FILES = _RECORD_READERS | {
     "CsvDatasetV2", "_InterleaveDataset", "_ParallelInterleaveDataset",
-    "_FlatMapDataset"})
+    "_FlatMapDataset"}
 
 
 def _reads_files(dataset):
@@ -730,9 +733,8 @@ def _owned_by_tensorflow(dataset):
 
 # Datasets whose elements are single rows, and transformations after which
 # an element is still one row.
-_ROW_SOURCES = frozenset({
-    "_TensorSliceDataset", "_RangeDataset", "TFRecordDatasetV2",
-    "TextLineDatasetV2", "FixedLengthRecordDatasetV2", "_UnbatchDataset"})
+_ROW_SOURCES = _RECORD_READERS | {
+    "_TensorSliceDataset", "_RangeDataset", "_UnbatchDataset"}
 _ROW_KEEPING = frozenset({
     "_MapDataset", "_ParallelMapDataset", "_FilterDataset", "_ShuffleDataset",
     "_RepeatDataset", "CacheDataset", "_TakeDataset", "_SkipDataset",

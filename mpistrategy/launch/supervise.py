@@ -114,8 +114,9 @@ def _local_ranks(pid):
   return ranks
 
 
-# Open MPI's shared-memory (vader) files: each rank unlinks its own at
-# MPI_Finalize, so a rank killed first leaves it, 4 MiB a rank.
+# Open MPI's shared-memory (vader) files, 4 MiB a rank: each rank unlinks
+# its own at MPI_Finalize and mpirun those of ranks that died, unless mpirun
+# itself is cut short (a second Ctrl-C, mpirun killed).
 _SHM_DIR = "/dev/shm"
 _OPEN_MPI_SEGMENT_PREFIX = "vader_segment."
 
@@ -156,10 +157,10 @@ def _mapped_files():
 def _remove_left_segments(before, settle_seconds=1.0):
   """Removes Open MPI segments that appeared since `before` and are unused.
 
-  After a second Ctrl-C (or a rank killed outright) the ranks die without
-  unlinking their segments, and a container's small /dev/shm fills up job
-  after job.  A segment is this job's when it appeared while the job ran;
-  one that a live process still maps (another job's) is left alone.
+  After a second Ctrl-C (or mpirun killed) nobody unlinks the dead ranks'
+  segments, and a container's small /dev/shm fills up job after job.  A
+  segment is this job's when it appeared while the job ran; one that a
+  live process still maps (another job's) is left alone.
 
   Args:
     before: `_open_mpi_segments()` from before the job started.
@@ -172,14 +173,15 @@ def _remove_left_segments(before, settle_seconds=1.0):
   removed = []
   deadline = time.monotonic() + settle_seconds
   while True:
-    left = _open_mpi_segments() - before - set(removed)
-    for path in sorted(left - _mapped_files()):
+    new = _open_mpi_segments() - before
+    unused = new - _mapped_files()
+    for path in sorted(unused):
       try:
         os.unlink(path)
         removed.append(path)
       except OSError:
         pass
-    if not _open_mpi_segments() - before or time.monotonic() > deadline:
+    if unused == new or time.monotonic() > deadline:
       return removed
     time.sleep(0.1)
 
