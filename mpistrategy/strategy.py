@@ -259,9 +259,8 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
     unsharded = False
     if self._num_workers > 1:
       policy = _auto_shard_policy(dataset)
-      if (policy == tf.data.experimental.AutoShardPolicy.AUTO and
-          _joins_files_and_memory(dataset)):
-        dataset = _sharded_by_data(dataset, self._id_in_cluster)
+      dataset = _with_a_file_policy_that_works(
+          dataset, policy, self._id_in_cluster, self._num_workers)
       unsharded = policy == tf.data.experimental.AutoShardPolicy.OFF
       if not unsharded:
         _warn_if_order_may_differ(dataset)
@@ -639,14 +638,90 @@ def _joins_files_and_memory(dataset):
   return False
 
 
-def _sharded_by_data(dataset, rank):
-  """`dataset` with AutoShardPolicy.DATA, said once on rank 0."""
-  if rank == 0 and "by_data" not in _LOGGED:
-    _LOGGED.add("by_data")
+# Dataset ops that read a file each, as TF's FILE sharding looks for them
+# (inside the functions of interleave and flat_map).
+_FILE_READER_OPS = frozenset({
+    "TFRecordDataset", "TFRecordDatasetV2", "TextLineDataset",
+    "FixedLengthRecordDataset", "FixedLengthRecordDatasetV2"})
+_FILE_NAME_CONSUMERS = frozenset({
+    "_InterleaveDataset", "_ParallelInterleaveDataset", "_FlatMapDataset",
+    "ParallelInterleaveDataset"})
+
+
+def _files_to_shard(dataset):
+  """How many files FILE sharding would divide among the ranks, or None.
+
+  That is the length of the file-name dataset that a record reader (or an
+  interleave or flat_map whose function reads files) takes its files from,
+  where TensorFlow knows it before reading.
+  """
+  for current in _pipeline(dataset):
+    kind = type(current).__name__
+    if kind in _RECORD_READERS:
+      names = getattr(current, "_filenames", None)
+    elif (kind in _FILE_NAME_CONSUMERS and
+          _functions_use(current, _FILE_READER_OPS)):
+      names = getattr(current, "_input_dataset", None)
+    else:
+      continue
+    if isinstance(names, tf.data.Dataset):
+      count = int(names.cardinality())
+      if count >= 0:
+        return count
+  return None
+
+
+def _with_a_file_policy_that_works(dataset, policy, rank, size):
+  """`dataset`, sharded by DATA where sharding by file would go wrong.
+
+  Under AUTO, TF shards a pipeline that reads files by FILE.  That pairs
+  features from files with the wrong in-memory labels in a zip, and with
+  fewer files than ranks it fails at the first step on the ranks left
+  without a file (and only there).  FILE set explicitly with too few files
+  fails here, on every rank.
+
+  Args:
+    dataset: the dataset given to `experimental_distribute_dataset`.
+    policy: its `AutoShardPolicy`.
+    rank: this rank.
+    size: the number of ranks.
+
+  Returns:
+    `dataset`, or `dataset` with `AutoShardPolicy.DATA`.
+
+  Raises:
+    ValueError: for `AutoShardPolicy.FILE` with fewer files than ranks.
+  """
+  file_policies = (tf.data.experimental.AutoShardPolicy.AUTO,
+                   tf.data.experimental.AutoShardPolicy.FILE)
+  if policy not in file_policies:
+    return dataset
+  if (policy == tf.data.experimental.AutoShardPolicy.AUTO and
+      _joins_files_and_memory(dataset)):
+    return _sharded_by_data(
+        dataset, rank, "joins files with data in memory (zip or "
+        "concatenate), which sharding by file would misalign")
+  files = _files_to_shard(dataset)
+  if files is None or files >= size:
+    return dataset
+  if policy == tf.data.experimental.AutoShardPolicy.FILE:
+    raise ValueError(
+        f"AutoShardPolicy.FILE gives each rank whole files, but the dataset "
+        f"reads {files} file(s) for {size} ranks, so some ranks would have "
+        "none. Use AutoShardPolicy.DATA (or AUTO), or split the data into "
+        "at least as many files as ranks.")
+  return _sharded_by_data(
+      dataset, rank, f"reads {files} file(s), fewer than the {size} ranks "
+      "that sharding by file needs")
+
+
+def _sharded_by_data(dataset, rank, why):
+  """`dataset` with AutoShardPolicy.DATA, said once on rank 0 with `why`."""
+  if rank == 0 and why not in _LOGGED:
+    _LOGGED.add(why)
     tf.get_logger().info(
-        "MPIStrategy: the dataset joins files with data in memory (zip or "
-        "concatenate), which sharding by file would misalign; it is sharded "
-        "by data (AutoShardPolicy.DATA): every rank reads every file.")
+        f"MPIStrategy: the dataset {why}; it is sharded by data "
+        "(AutoShardPolicy.DATA): every rank reads every file.")
   options = tf.data.Options()
   options.experimental_distribute.auto_shard_policy = (
       tf.data.experimental.AutoShardPolicy.DATA)
@@ -700,13 +775,18 @@ def _calls_python(dataset):
   nested in them), not datasets captured inside a function (a generator
   dataset returned by an `interleave` function).
   """
-  for current in _pipeline(dataset):
-    for wrapper in current._functions():  # pylint: disable=protected-access
-      graph = wrapper.function.graph.as_graph_def()
-      nodes = list(graph.node) + [node for function in graph.library.function
-                                  for node in function.node_def]
-      if any(node.op in _PYTHON_FUNCTION_OPS for node in nodes):
-        return True
+  return any(_functions_use(current, _PYTHON_FUNCTION_OPS)
+             for current in _pipeline(dataset))
+
+
+def _functions_use(dataset, op_types):
+  """True where `dataset`'s functions (or nested ones) run one of `op_types`."""
+  for wrapper in dataset._functions():  # pylint: disable=protected-access
+    graph = wrapper.function.graph.as_graph_def()
+    nodes = list(graph.node) + [node for function in graph.library.function
+                                for node in function.node_def]
+    if any(node.op in op_types for node in nodes):
+      return True
   return False
 
 

@@ -297,6 +297,54 @@ def test_files_zipped_with_labels_in_memory_stay_paired(strategy, tmp_path):
 
 
 @pytest.mark.timeout(300)
+def test_fewer_files_than_ranks_are_sharded_by_data(strategy, tmp_path):
+  # Sharding by file (AUTO's choice for files) would leave a rank without
+  # a file: TensorFlow's error at the first step, on that rank only.  Each
+  # rank writes the same files under its own directory.
+  rows, files = 50, N - 1
+  paths = [str(tmp_path / f"part{f}.tfr") for f in range(files)]
+  for f, path in enumerate(paths):
+    with tf.io.TFRecordWriter(path) as writer:
+      for i in range(f, rows, files):
+        writer.write(tf.constant(float(i)).numpy().tobytes())
+
+  def decoded(dataset):
+    return dataset.map(lambda r: tf.io.decode_raw(r, tf.float32)[0]).batch(8)
+
+  readers = {
+      "TFRecordDataset": tf.data.TFRecordDataset(paths),
+      "parallel reads": tf.data.TFRecordDataset(paths, num_parallel_reads=2),
+      "interleave": tf.data.Dataset.from_tensor_slices(paths).interleave(
+          tf.data.TFRecordDataset, cycle_length=1),
+  }
+  for name, reader in readers.items():
+    one_process = [float(x) for x in decoded(reader).unbatch()]
+    local = _local_rows(strategy,
+                        strategy.experimental_distribute_dataset(
+                            decoded(reader)))
+    everyone = ops.allgather(tf.constant(local, tf.float32)).numpy()
+    # Sharded by data: each batch of one process split over the ranks.
+    mine = [row for start in range(0, rows, 8)
+            for row in _split(one_process[start:start + 8])[R]]
+    assert local == mine, (name, local[:8], mine[:8])
+    assert sorted(everyone.tolist()) == list(range(rows)), name
+
+  by_file = decoded(readers["TFRecordDataset"])
+  options = tf.data.Options()
+  options.experimental_distribute.auto_shard_policy = (
+      tf.data.experimental.AutoShardPolicy.FILE)
+  with pytest.raises(ValueError, match=rf"reads {files} file\(s\) for {N} "):
+    strategy.experimental_distribute_dataset(by_file.with_options(options))
+
+
+def _split(batch):
+  """`batch` cut into N consecutive pieces, as the ranks' auto-sharding."""
+  sizes = [len(batch) // N + (r < len(batch) % N) for r in range(N)]
+  starts = np.cumsum([0] + sizes)
+  return [batch[starts[r]:starts[r + 1]] for r in range(N)]
+
+
+@pytest.mark.timeout(300)
 def test_a_pydataset_shuffled_with_numpy_partitions_every_epoch():
   # The Keras guides' PyDataset shuffles its indices with numpy's global
   # generator in on_epoch_end.  Ranks whose numpy states differ (a seed per
