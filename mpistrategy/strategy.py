@@ -470,6 +470,7 @@ class MPIStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     ValueError: for invalid options, a foreign `cross_device_ops`, an
       unknown `compression` or one that differs from `cross_device_ops`',
       or engine-wide options that conflict with an already running engine.
+    TypeError: for an `mpistrategy.Options` given as `cross_device_ops`.
   """
 
   # How mpistrategy.compat's patches recognise an MPIStrategy without
@@ -479,6 +480,13 @@ class MPIStrategy(tf.distribute.MultiWorkerMirroredStrategy):
   def __init__(self, cross_device_ops=None, communication_options=None,
                compression=None):
     # pylint: disable=non-parent-init-called,super-init-not-called
+    if isinstance(cross_device_ops, options_lib.Options):
+      # The engine's options are the process's, not one strategy's.
+      raise TypeError(
+          "MPIStrategy's first argument is a cross_device_ops, not "
+          "mpistrategy.Options: pass the options to "
+          "mpistrategy.init(options) before creating the strategy (or set "
+          "the MPISTRATEGY_* environment variables).")
     if communication_options is None:
       communication_options = (
           tf.distribute.experimental.CommunicationOptions())

@@ -82,6 +82,11 @@ def test_nccl_rejected_on_cpu():
         tf.distribute.experimental.CommunicationOptions(implementation=impl)))
 
 
+def test_options_given_to_the_strategy_are_refused_with_the_way():
+  with pytest.raises(TypeError, match=r"mpistrategy.init\(options\)"):
+    MPIStrategy(mpistrategy.Options(timeline="t.json"))
+
+
 def test_strategy_keeps_the_options_the_user_started_with(tmp_path):
   """`init(Options(...))` then `MPIStrategy()`: the strategy uses that engine.
 
