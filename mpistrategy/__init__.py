@@ -36,6 +36,7 @@ _LAZY = {
     "shutdown": ("mpistrategy.runtime", "shutdown"),
     "is_initialized": ("mpistrategy.runtime", "is_initialized"),
     "current_options": ("mpistrategy.runtime", "current_options"),
+    "collective_names": ("mpistrategy.ops._naming", "collective_names"),
     "start_timeline": ("mpistrategy.runtime", "start_timeline"),
     "stop_timeline": ("mpistrategy.runtime", "stop_timeline"),
     "rank": ("mpistrategy.runtime", "rank"),

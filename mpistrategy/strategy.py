@@ -222,12 +222,13 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
 
   def _call_for_each_replica(self, fn, args, kwargs):
     # Eagerly, TensorFlow runs `fn` in a thread of its own; with this one
-    # replica it may issue default-named collectives (see `_naming`).
-    if not tf.executing_eagerly() or len(self.worker_devices) != 1:
+    # replica its default-named collectives are the caller's (see `_naming`).
+    if (not tf.executing_eagerly() or len(self.worker_devices) != 1 or
+        isinstance(fn, tf.types.experimental.PolymorphicFunction)):
       return super()._call_for_each_replica(fn, args, kwargs)
     from mpistrategy.ops import _naming  # pylint: disable=g-import-not-at-top
-    with _naming.replica_thread_stands_in():
-      return super()._call_for_each_replica(fn, args, kwargs)
+    return super()._call_for_each_replica(_naming.named_as_caller(fn), args,
+                                          kwargs)
 
   # ----------------------------------------------------------- reductions
 

@@ -25,11 +25,14 @@ response cache.  For the same reason an explicit `name` should not contain
 a step counter.  Only the main thread may rely on default eager names: in
 any other thread an eager collective without `name=` raises `ValueError`,
 because calls of several threads have no order that is the same on every
-rank (their results would silently mix up the threads' values).  Threads
-pass explicit names that agree across ranks and differ between threads.
-The one exception is the thread in which an eager `strategy.run` runs the
-replica's function while the main thread waits for it
-(`replica_thread_stands_in`).
+rank (their results would silently mix up the threads' values).  Other
+threads either pass explicit names that agree across ranks and differ
+between threads, or run inside `collective_names(prefix)`, which names
+their default eager calls `<prefix>/eager/<op>` (the way for calls without
+a `name=` argument: `strategy.reduce`, variable creation, a distributed
+dataset's iterator).  The thread in which an eager `strategy.run` runs the
+replica's function while its caller waits names its calls as the caller
+does (`named_as_caller`).
 
 An explicit `name` is used as-is.  A default name made while a
 communicating Keras call runs (`model.fit`, `evaluate`, `predict`, `save`,
@@ -41,6 +44,7 @@ waiting ranks are in, and collectives of different Keras calls never pair.
 
 import collections
 import contextlib
+import functools
 import re
 import threading
 import weakref
@@ -54,8 +58,8 @@ def tensor_name(name, kind):
     return name
   prefix = "".join(f"{entry}/" for entry in entry_points())
   if tf.executing_eagerly():
-    _claim_eager_default_names(kind)
-    return f"{prefix}eager/{kind}"
+    scopes = _eager_scopes_or_raise(kind)
+    return "".join(f"{scope}/" for scope in scopes) + f"{prefix}eager/{kind}"
   graph = tf.compat.v1.get_default_graph()
   return f"{prefix}{_graph_path(graph)}/{_name_in_graph(graph, kind)}"
 
@@ -101,43 +105,92 @@ class entry_point:  # pylint: disable=invalid-name
     return False
 
 
-# Above 0 while the main thread waits in an eager `strategy.run` of one
-# replica per process (`replica_thread_stands_in`).
-_REPLICA_THREAD_STANDS_IN = [0]
+# This thread's eager naming: `scopes`, the prefixes of `collective_names`
+# (outermost first); `caller`, in the thread of an eager `strategy.run`, the
+# naming of the thread that called it (`named_as_caller`).
+_eager = threading.local()
 
 
 @contextlib.contextmanager
-def replica_thread_stands_in():
-  """Lets the replica thread of an eager `strategy.run` use default names.
+def collective_names(prefix):
+  """Names this thread's default-named eager collectives `<prefix>/eager/...`.
 
-  Outside a `tf.function`, `strategy.run` runs the replica's function in a
-  thread of its own (`mirrored_run`) while the calling thread waits, never
-  both at once.  Entered from the main thread with one replica per process,
-  that thread's collectives (an optimizer's variables broadcast as it
-  builds them, a `ReplicaContext.all_reduce`) therefore keep the main
-  thread's program order, the same on every rank.  Entered from any other
-  thread it changes nothing.
+  Default eager names pair each rank's k-th call with every other rank's
+  k-th call, which is only defined within one thread, so outside the main
+  thread eager collectives without `name=` raise `ValueError`.  Inside this
+  context they are allowed in any thread: a training loop in a worker
+  thread, or calls without a `name=` argument (`strategy.reduce`,
+  `strategy.gather`, variables created under `strategy.scope()`, iterating
+  a distributed dataset).  Calls inside a `tf.function` keep their own
+  names, which agree on every rank already.
+
+  Args:
+    prefix: a non-empty str, the same on every rank for the same thread's
+      work and different for each thread that communicates at the same
+      time (e.g. "trainer", or f"worker{i}").  Nested contexts join their
+      prefixes with "/".
 
   Yields:
     None.
+
+  Raises:
+    ValueError: if `prefix` is not a non-empty str.
   """
-  if threading.current_thread() is not threading.main_thread():
-    yield
-    return
-  _REPLICA_THREAD_STANDS_IN[0] += 1
+  if not isinstance(prefix, str) or not prefix:
+    raise ValueError("mpistrategy.collective_names: prefix must be a "
+                     f"non-empty str, got {prefix!r}")
+  scopes = getattr(_eager, "scopes", None)
+  if scopes is None:
+    scopes = _eager.scopes = []
+  scopes.append(prefix)
   try:
     yield
   finally:
-    _REPLICA_THREAD_STANDS_IN[0] -= 1
+    scopes.pop()
 
 
-def _is_replica_thread(thread):
-  from mpistrategy import _tf_private as _tfp  # pylint: disable=g-import-not-at-top
-  return isinstance(thread, _tfp.mirrored_run._MirroredReplicaThread)  # pylint: disable=protected-access
+def _eager_naming():
+  """This thread's eager naming: (may use default names, prefixes)."""
+  caller = getattr(_eager, "caller", None)
+  if caller is not None:
+    return caller
+  scopes = tuple(getattr(_eager, "scopes", ()))
+  return (bool(scopes) or
+          threading.current_thread() is threading.main_thread()), scopes
 
 
-def _claim_eager_default_names(kind):
-  """Raises unless this thread may issue a default-named eager collective.
+def named_as_caller(fn):
+  """`fn`, to run in the thread of an eager `strategy.run`.
+
+  Outside a `tf.function`, `strategy.run` runs the replica's function in a
+  thread of its own (`mirrored_run`) while the calling thread waits, never
+  both at once, so with one replica per process that thread's collectives
+  (an optimizer's variables broadcast as it builds them, a
+  `ReplicaContext.all_reduce`) keep the caller's program order: they are
+  named as the caller's would be, and allowed where the caller's are.
+
+  Args:
+    fn: the replica's function (not a `tf.function`, whose collectives
+      are named by its graph).
+
+  Returns:
+    A function calling `fn` with the calling thread's eager naming.
+  """
+  caller = _eager_naming()
+
+  @functools.wraps(fn)
+  def fn_named_as_caller(*args, **kwargs):
+    _eager.caller = caller
+    try:
+      return fn(*args, **kwargs)
+    finally:
+      _eager.caller = None
+
+  return fn_named_as_caller
+
+
+def _eager_scopes_or_raise(kind):
+  """The prefixes of this thread's default eager names.
 
   Default eager names (`eager/<op>`) pair the k-th call of each rank with
   the k-th call of every other rank: program order, as long as one thread
@@ -146,28 +199,33 @@ def _claim_eager_default_names(kind):
   would silently mix up different threads' values.  The main thread is the
   one thread that is the same on every rank (a first-come owner would not
   be: a different thread may come first on each rank), so it alone may use
-  default eager names; every other thread must pass `name=`.
+  default eager names; every other thread must pass `name=` or name its
+  calls with `collective_names`.
 
   Args:
     kind: the op, for the message.
 
+  Returns:
+    A tuple of str, the `collective_names` prefixes, outermost first.
+
   Raises:
-    ValueError: this is not the main thread.
+    ValueError: this thread may not use default eager names.
   """
+  allowed, scopes = _eager_naming()
+  if allowed:
+    return scopes
   current = threading.current_thread()
-  if current is threading.main_thread():
-    return
-  if _REPLICA_THREAD_STANDS_IN[0] and _is_replica_thread(current):
-    return
   raise ValueError(
       f"mpistrategy.ops.{kind}: an eager collective without `name=` can "
       f"only be issued from the main thread, and this is thread "
       f"{current.name!r}. Default eager names pair calls across ranks by "
       "their order, which is not defined between threads, so results would "
-      "silently mix up different threads' values. Pass name= (the same on "
-      "every rank, and different for each thread's calls, e.g. "
-      "name=f\"grads/{worker_id}\") or issue the collective from the main "
-      "thread.")
+      "silently mix up different threads' values. Run this thread's work "
+      "inside `with mpistrategy.collective_names(prefix):` (the same prefix "
+      "on every rank, a different one for each thread, e.g. "
+      "f\"worker{i}\"; this also covers strategy.reduce, variable creation "
+      "and dataset iteration, which take no name), pass name= to "
+      "mpistrategy.ops calls, or issue the collective from the main thread.")
 
 
 # TensorFlow appends process-global uids to the names of the graphs it

@@ -8,6 +8,7 @@ import copy
 import hashlib
 import logging
 import socket
+import threading
 
 import numpy as np
 import pytest
@@ -495,6 +496,84 @@ def test_eager_custom_loop_builds_its_optimizer_in_the_replica_thread(
   assert int(opt.iterations.numpy()) == 2
   # Adam's first steps move each weight by about the learning rate.
   np.testing.assert_allclose(w.numpy(), [0.8, 1.8], atol=1e-3)
+
+
+def _in_threads(work, names):
+  """Runs `work(i)` in one thread per name at once; returns its results."""
+  results = {}
+
+  def run(i):
+    try:
+      results[i] = work(i)
+    except Exception as e:  # pylint: disable=broad-except
+      results[i] = e
+
+  threads = [threading.Thread(target=run, args=(i,), name=name)
+             for i, name in enumerate(names)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join(100)
+  return [results.get(i, "still running") for i in range(len(names))]
+
+
+@pytest.mark.timeout(120)
+def test_strategy_calls_without_names_in_a_worker_thread(strategy):
+  # The calls of a training loop in a thread: none of them takes name=.
+  dataset = tf.data.Dataset.range(6 * N).map(
+      lambda i: tf.cast(i, tf.float32)).batch(2 * N)
+
+  def train(unused_i):
+    with strategy.scope():
+      w = tf.Variable(float(R + 1))  # rank 0's value, broadcast
+      on_read = tf.Variable(
+          0.0, synchronization=tf.VariableSynchronization.ON_READ,
+          aggregation=tf.VariableAggregation.SUM)
+
+    def step(x):
+      on_read.assign_add(1.0)
+      return tf.distribute.get_replica_context().all_reduce(
+          "SUM", tf.reduce_sum(x) * w)
+
+    totals = [strategy.experimental_local_results(strategy.run(step, (x,)))[0]
+              for x in strategy.experimental_distribute_dataset(dataset)]
+    gathered = strategy.gather(strategy.run(lambda: tf.constant([R])), axis=0)
+    return (float(w.numpy()), [float(t) for t in totals],
+            float(on_read.read_value()), gathered.numpy().tolist(),
+            float(strategy.reduce("SUM", tf.constant(1.0), axis=None)))
+
+  refused = _in_threads(train, ["trainer"])[0]
+  assert isinstance(refused, ValueError), refused
+  assert "mpistrategy.collective_names" in str(refused), refused
+
+  with_names = _in_threads(
+      lambda i: _with_names("trainer", train, i), ["trainer"])[0]
+  rows = np.arange(6 * N, dtype=np.float32).reshape(3, 2 * N)
+  assert with_names == (1.0, rows.sum(axis=1).tolist(), float(3 * N),
+                        list(range(N)), float(N)), with_names
+
+
+def _with_names(prefix, work, i):
+  with mpistrategy.collective_names(prefix):
+    return work(i)
+
+
+@pytest.mark.timeout(120)
+def test_threads_with_their_own_prefixes_keep_their_values(strategy):
+  # Equal shapes in every thread: a call paired with another thread's on
+  # another rank would return a wrong sum, not an error.
+  def work(i):
+    return [float(strategy.reduce(
+        "SUM", tf.constant(float(i + 1) * (R + 1)), axis=None))
+            for _ in range(20)]
+
+  sums = _in_threads(lambda i: _with_names(f"worker{i}", work, i),
+                     [f"w{i}" for i in range(3)])
+  for i, got in enumerate(sums):
+    assert got == [(i + 1) * N * (N + 1) / 2] * 20, (i, got)
+  with pytest.raises(ValueError, match="non-empty str"):
+    with mpistrategy.collective_names(""):
+      pass
 
 
 @pytest.mark.timeout(120)
