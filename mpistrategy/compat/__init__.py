@@ -58,6 +58,11 @@ _PATCHES = (
     # Removed when Keras uses the distributed dataset's (agreed) cardinality.
     ("keras.TFEpochIterator.__init__+TFDatasetAdapter.num_batches", False,
      lambda rank: keras.patch_epoch_iterator()),
+    # Keras 3's Trainer.compile creates the loss tracker and an optimizer
+    # given by name without entering the model's strategy (Keras 2 did), so
+    # outside the scope they are per-rank variables.  Removed when Keras
+    # compiles in `self.distribute_strategy.scope()`.
+    ("keras.Trainer.compile", False, lambda rank: keras.patch_compile()),
     # Not a Keras/TF defect: wraps the Keras/TF calls that communicate
     # (Model.fit, ..., Checkpoint.save, ...) so their collectives are named
     # after the call and a failure names the rule.  Would go if Keras/TF

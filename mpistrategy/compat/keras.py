@@ -94,8 +94,20 @@ multi-process `MPIStrategy`, so single-process code is unaffected.
    otherwise, about a second later, every rank fails with
    `FailedPreconditionError` naming the step and the rule.  Nothing is
    communicated while no callback stops the loop.
+
+8. `Trainer.compile` outside the scope of the strategy the model was built
+   under: Keras 3 creates the `loss` tracker (a `Mean` metric) and an
+   optimizer given by name inside `compile`, without entering the model's
+   strategy (Keras 2 did), so they become ordinary per-process variables.
+   One process with `MirroredStrategy` still sums its replicas' updates;
+   on several ranks each rank's `loss` in the logs and in `evaluate` is
+   its own, and callbacks that read it (`ReduceLROnPlateau`,
+   `EarlyStopping`, `ModelCheckpoint(save_best_only=True)`) act at
+   different epochs on different ranks.  The patch runs such a `compile`
+   in the model's strategy's scope, as one inside the scope would run.
 """
 
+import functools
 import re
 import types
 
@@ -261,6 +273,24 @@ def patch_symbolic_build():
     return original(self, iterator=None, data_batch=data_batch)
 
   cls._maybe_symbolic_build = _maybe_symbolic_build  # pylint: disable=protected-access
+
+
+def patch_compile():
+  # Patched where it is defined (Keras' Trainer base class), as
+  # `keras2_spellings` does; functools.wraps keeps Keras' `_is_default`.
+  owner = next(k for k in _tfp.keras_model.Model.__mro__
+               if "compile" in k.__dict__)
+  original = owner.__dict__["compile"]
+
+  @functools.wraps(original)
+  def compile(self, *args, **kwargs):  # pylint: disable=redefined-builtin
+    strategy = getattr(self, "_distribute_strategy", None)
+    if not _is_multi_process(strategy) or tf.distribute.has_strategy():
+      return original(self, *args, **kwargs)
+    with strategy.scope():
+      return original(self, *args, **kwargs)
+
+  setattr(owner, "compile", compile)
 
 
 def _is_multi_process(strategy):

@@ -513,6 +513,34 @@ def test_metric_whose_result_is_its_variable_counts_every_rank(strategy):
   assert counted == rows
 
 
+@pytest.mark.timeout(300)
+def test_compile_outside_the_scope_logs_the_global_loss(strategy, digits):
+  # Keras 3 makes the loss tracker (and an optimizer given by name) in
+  # compile; outside the scope each rank logged its own loss, and callbacks
+  # reading it acted at different epochs on different ranks.
+  x, y, _, _ = digits
+  _seed_rank_differently()
+  with strategy.scope():
+    model = _mlp()
+  init = [w.numpy() for w in model.weights]
+  loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+  model.compile(optimizer="sgd", loss=loss_fn)
+  history = model.fit(x, y, batch_size=_gbs(strategy), epochs=2,
+                      shuffle=False, verbose=0)
+  loss = model.evaluate(x, y, batch_size=_gbs(strategy), verbose=0)
+
+  ref = _mlp()
+  ref.compile(optimizer="sgd", loss=loss_fn)
+  ref.set_weights(init)
+  ref_history = ref.fit(x, y, batch_size=_gbs(strategy), epochs=2,
+                        shuffle=False, verbose=0)
+  _assert_close(history.history["loss"], ref_history.history["loss"], "loss")
+  _assert_close([loss], [ref.evaluate(x, y, batch_size=_gbs(strategy),
+                                      verbose=0)], "evaluate")
+  _assert_bit_identical_across_ranks(
+      history.history["loss"] + [loss] + model.get_weights(), "logs")
+
+
 def test_fit_on_per_rank_datasets_of_different_lengths(strategy):
   """distribute_datasets_from_function with r + 2 batches on rank r.
 
