@@ -53,7 +53,11 @@ multi-process `MPIStrategy`, so single-process code is unaffected.
    (64 rows on 3 ranks) or has fewer rows than there are ranks, the ranks'
    shards differ in shape and that reduction fails on every rank.  The
    patch builds from this rank's own shard instead, which has the same
-   per-replica structure; nothing is communicated.
+   per-replica structure; nothing is communicated.  A model without a
+   `call()` of its own (the Keras guide's GAN) cannot be built from a
+   batch at all, and under a strategy `fit` failed with "Unable to
+   automatically build the model" (one process defers building to the
+   first trace of the step): it is left to the first trace here too.
 
 5. Keras/TF calls that communicate (`Model.fit`, `evaluate`, `predict`,
    `train_on_batch`, `test_on_batch`, `predict_on_batch`, `save`,
@@ -263,6 +267,12 @@ def patch_symbolic_build():
 
   def _maybe_symbolic_build(self, iterator=None, data_batch=None):
     strategy = self._distribute_strategy  # pylint: disable=protected-access
+    if (getattr(strategy, "_is_mpi_strategy", False) and
+        type(self).call is _tfp.keras_model.Model.call):
+      # A model without call() (the Keras guide's GAN, whose train_step
+      # calls its parts) cannot be built from a batch; as without a
+      # strategy, its variables are built in the first trace of its step.
+      return None
     if iterator is None or not _is_multi_process(strategy):
       return original(self, iterator=iterator, data_batch=data_batch)
     # As the original: the first batch of the first epoch iterator.

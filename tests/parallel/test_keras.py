@@ -541,6 +541,58 @@ def test_compile_outside_the_scope_logs_the_global_loss(strategy, digits):
       history.history["loss"] + [loss] + model.get_weights(), "logs")
 
 
+class ModelWithoutCall(keras.Model):
+  """The Keras guide's GAN pattern: parts, a train_step, no call()."""
+
+  def __init__(self):
+    super().__init__()
+    self.part = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    self.loss_tracker = keras.metrics.Mean(name="loss")
+
+  @property
+  def metrics(self):
+    return [self.loss_tracker]
+
+  def compile(self, part_optimizer):  # pylint: disable=arguments-differ
+    super().compile()
+    self.part_optimizer = part_optimizer
+
+  def train_step(self, data):
+    x, y = data
+    with tf.GradientTape() as tape:
+      # A loss object: divided by the number of replicas under a strategy.
+      loss = keras.losses.MeanSquaredError()(y, self.part(x))
+    weights = self.part.trainable_weights
+    self.part_optimizer.apply_gradients(
+        zip(tape.gradient(loss, weights), weights))
+    self.loss_tracker.update_state(loss)
+    return {"loss": self.loss_tracker.result()}
+
+
+@pytest.mark.timeout(300)
+def test_a_model_without_call_trains_as_in_one_process(strategy):
+  # Under a strategy, Keras built the model from a batch before fit, which
+  # a model without call() cannot do ("Unable to automatically build").
+  size = mpistrategy.size()
+  x = np.random.RandomState(3).rand(16 * size, 4).astype(np.float32)
+  y = x.sum(axis=1, keepdims=True)
+  with strategy.scope():
+    model = ModelWithoutCall()
+    model.compile(keras.optimizers.SGD(0.05, momentum=0.9))
+  init = model.part.get_weights()
+  model.fit(x, y, batch_size=4 * size, epochs=2, shuffle=False, verbose=0)
+
+  ref = ModelWithoutCall()
+  ref.compile(keras.optimizers.SGD(0.05, momentum=0.9))
+  ref.part.set_weights(init)
+  ref.fit(x, y, batch_size=4 * size, epochs=2, shuffle=False, verbose=0)
+  _assert_close(model.part.get_weights(), ref.part.get_weights(), "weights")
+  _assert_bit_identical_across_ranks(
+      model.part.get_weights() + [model.part_optimizer.iterations.numpy()],
+      "weights")
+  assert int(model.part_optimizer.iterations.numpy()) == 8
+
+
 def test_fit_on_per_rank_datasets_of_different_lengths(strategy):
   """distribute_datasets_from_function with r + 2 batches on rank r.
 
