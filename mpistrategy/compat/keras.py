@@ -109,6 +109,9 @@ multi-process `MPIStrategy`, so single-process code is unaffected.
    `EarlyStopping`, `ModelCheckpoint(save_best_only=True)`) act at
    different epochs on different ranks.  The patch runs such a `compile`
    in the model's strategy's scope, as one inside the scope would run.
+   The other way round, `compile` inside the scope of a model created
+   outside it raises a `ValueError` saying so (Keras failed in `fit` with a
+   bare `AssertionError` on two or more ranks).
 """
 
 import functools
@@ -295,6 +298,17 @@ def patch_compile():
   @functools.wraps(original)
   def compile(self, *args, **kwargs):  # pylint: disable=redefined-builtin
     strategy = getattr(self, "_distribute_strategy", None)
+    current = tf.distribute.get_strategy()
+    if (strategy is None and getattr(current, "_is_mpi_strategy", False) and
+        hasattr(self, "_distribute_strategy")):
+      # Keras would fail in fit's first optimizer update, with a bare
+      # AssertionError on two or more ranks.
+      raise ValueError(
+          f"{type(self).__name__}.compile() inside MPIStrategy's scope, but "
+          "the model was created outside it: its variables are ordinary "
+          "ones that the strategy cannot update. Create the model inside "
+          "the scope too (`with strategy.scope(): model = build_model(); "
+          "model.compile(...)`).")
     if not _is_multi_process(strategy) or tf.distribute.has_strategy():
       return original(self, *args, **kwargs)
     with strategy.scope():

@@ -541,6 +541,14 @@ def test_compile_outside_the_scope_logs_the_global_loss(strategy, digits):
       history.history["loss"] + [loss] + model.get_weights(), "logs")
 
 
+def test_compile_in_the_scope_of_a_model_made_outside_it_is_refused(strategy):
+  # Keras failed in fit's first update, with a bare AssertionError.
+  model = _mlp()
+  with strategy.scope():
+    with pytest.raises(ValueError, match="the model was created outside it"):
+      model.compile(optimizer="adam", loss="mse")
+
+
 class ModelWithoutCall(keras.Model):
   """The Keras guide's GAN pattern: parts, a train_step, no call()."""
 
