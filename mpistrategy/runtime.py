@@ -64,6 +64,7 @@ class _State:
     self.options = None          # the Options the engine runs with
     self.atexit_registered = False
     self.previous_excepthook = None
+    self.previous_thread_excepthook = None
 
 
 _state = _State()
@@ -390,11 +391,19 @@ def _describe_rank(lib, which):
 
 
 def _install_excepthook():
-  """Makes an uncaught exception end every rank instead of hanging them."""
+  """Makes an uncaught exception end every rank instead of hanging them.
+
+  In the main thread, and in any other thread that took part in
+  collectives (the others would wait for its next one for ever); an
+  exception in a thread that never communicated ends only that thread, as
+  Python does.
+  """
   if _state.previous_excepthook is not None:
     return
   _state.previous_excepthook = sys.excepthook
+  _state.previous_thread_excepthook = threading.excepthook
   sys.excepthook = _abort_on_exception
+  threading.excepthook = _abort_on_thread_exception
 
 
 def _uninstall_excepthook():
@@ -402,7 +411,20 @@ def _uninstall_excepthook():
     return
   if sys.excepthook is _abort_on_exception:
     sys.excepthook = _state.previous_excepthook
+  if threading.excepthook is _abort_on_thread_exception:
+    threading.excepthook = _state.previous_thread_excepthook
   _state.previous_excepthook = None
+
+
+def _abort_on_thread_exception(args):
+  """threading.excepthook: `_abort_on_exception` for communicating threads."""
+  from mpistrategy.ops import _naming  # pylint: disable=g-import-not-at-top
+  if (args.exc_type is SystemExit or args.thread is None or
+      not _naming.thread_communicated(args.thread.ident)):
+    _state.previous_thread_excepthook(args)
+    return
+  sys.stderr.write(f"Exception in thread {args.thread.name}:\n")
+  _abort_on_exception(args.exc_type, args.exc_value, args.exc_traceback)
 
 
 _AUTOGRAPH_PREFIX = "__autograph_generated_file"

@@ -257,6 +257,8 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
           lambda unused_input_context: dataset, options)
     if self._num_replicas_in_sync > 1:
       _check_batched(dataset)
+    if self._num_workers > 1 and tf.executing_eagerly():
+      _check_same_dataset_everywhere(dataset)
     unsharded = False
     if self._num_workers > 1:
       policy = _auto_shard_policy(dataset)
@@ -916,6 +918,66 @@ def _warn_if_order_may_differ(dataset):
         "part of the same global batches: rows would be lost and repeated. "
         "Make it deterministic, or give each rank its own data with "
         "distribute_datasets_from_function.", ", ".join(sorted(set(loose))))
+
+
+# Transformations whose `_batch_size` is the size of the batches they make.
+_BATCHING = frozenset({
+    "_BatchDataset", "_PaddedBatchDataset", "_ParallelBatchDataset"})
+
+
+def _batch_size(dataset):
+  """The static size of the last batching in `dataset`, or -1."""
+  for current in _pipeline(dataset):
+    if type(current).__name__ in _BATCHING:
+      size = tf.get_static_value(getattr(current, "_batch_size", None))
+      return -1 if size is None else int(size)
+  return -1
+
+
+def _check_same_dataset_everywhere(dataset):
+  """Raises on every rank where the ranks' datasets differ in shape.
+
+  Auto-sharding splits one global dataset that every rank builds alike:
+  each rank takes its part of every global batch.  A batch size that
+  depends on the rank, or data of another length on each rank (arrays
+  loaded per rank without `shard`), splits the rows wrongly without an
+  error, or leaves ranks waiting in different steps.  One small allgather
+  per distributed dataset compares them.
+
+  Args:
+    dataset: the dataset given to `experimental_distribute_dataset`.
+
+  Raises:
+    ValueError: where ranks differ in batch size or number of elements.
+  """
+  mine = [_batch_size(dataset), int(dataset.cardinality())]
+  everyone = _ops().allgather(
+      tf.constant([mine], tf.int64),
+      name="MPIStrategy/dataset_shape").numpy().tolist()
+  if all(row == everyone[0] for row in everyone):
+    return
+
+  def per_rank(column, meaning):
+    return ", ".join(f"{_describe_count(row[column], meaning)} on rank {r}"
+                     for r, row in enumerate(everyone))
+
+  raise ValueError(
+      "experimental_distribute_dataset (Keras fit/evaluate/predict use it): "
+      "the ranks' datasets differ: "
+      f"{per_rank(0, 'batch size')}; {per_rank(1, 'elements')}. Each rank "
+      "takes its part of every global batch of one dataset that every rank "
+      "builds alike: give every rank the same data and global batch size. "
+      "For data that differs per rank, shard it with "
+      "ds.shard(mpistrategy.size(), mpistrategy.rank()) (its batch size is "
+      "then each rank's) or use distribute_datasets_from_function.")
+
+
+def _describe_count(value, meaning):
+  special = {-1: "unknown", -2: "unknown"}
+  if meaning == "elements":
+    special = {int(tf.data.INFINITE_CARDINALITY): "infinite",
+               int(tf.data.UNKNOWN_CARDINALITY): "unknown"}
+  return f"{meaning} {special.get(value, value)}"
 
 
 def _agree_on_cardinality(dataset):

@@ -344,6 +344,9 @@ def patch_epoch_iterator():
     original_init(self, *args, **kwargs)
     distributed = getattr(self, "_distributed_dataset", None)
     adapter = getattr(self, "data_adapter", None)
+    if (not isinstance(adapter, adapter_cls) and
+        _is_multi_process(self._distribute_strategy)):  # pylint: disable=protected-access
+      _check_same_input_everywhere(adapter)
     if (isinstance(adapter, adapter_cls) and
         getattr(distributed, "_cardinality", None) ==
         tf.data.UNKNOWN_CARDINALITY and
@@ -359,6 +362,44 @@ def patch_epoch_iterator():
   adapter_cls.num_batches = property(num_batches,
                                      doc=original_num_batches.__doc__)
   iterator_cls.__init__ = __init__
+
+
+def _check_same_input_everywhere(adapter):
+  """Raises on every rank where the ranks' `x` or `batch_size` differ.
+
+  Keras turns arrays (or a `PyDataset`) into a dataset whose batch size
+  hides in a function, so `experimental_distribute_dataset` cannot compare
+  it: a `batch_size` that depends on the rank, or arrays of another length
+  on each rank, left the ranks in different steps until the stall timeout.
+
+  Args:
+    adapter: Keras' data adapter of this call's input.
+
+  Raises:
+    ValueError: where the ranks' batch sizes or numbers of batches differ.
+  """
+  from mpistrategy import ops  # pylint: disable=import-outside-toplevel
+  from mpistrategy.ops import _naming  # pylint: disable=import-outside-toplevel
+
+  def known(value):
+    return -1 if value is None else int(value)
+
+  mine = [known(getattr(adapter, "batch_size", None)),
+          known(getattr(adapter, "num_batches", None))]
+  everyone = ops.allgather(tf.constant([mine], tf.int64),
+                           name="MPIStrategy/keras_input").numpy().tolist()
+  if all(row == everyone[0] for row in everyone):
+    return
+  calls = _naming.entry_points()
+  call = calls[-1] if calls else "Model.fit"
+  shapes = "; ".join(f"rank {r}: batch_size {b}, {n} batches"
+                     for r, (b, n) in enumerate(everyone))
+  raise ValueError(
+      f"{call}: the ranks' inputs differ ({shapes}; -1: unknown). "
+      "batch_size is the global batch and x the whole data, split among "
+      "the ranks: give every rank the same. For data that differs per rank, "
+      "pass a tf.data.Dataset sharded with ds.shard(mpistrategy.size(), "
+      "mpistrategy.rank()), whose batch size is each rank's.")
 
 
 def _refuse_a_generator(x, strategy):

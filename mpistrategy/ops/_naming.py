@@ -27,16 +27,19 @@ any other thread an eager collective without `name=` raises `ValueError`,
 because calls of several threads have no order that is the same on every
 rank (their results would silently mix up the threads' values).  Other
 threads either pass explicit names that agree across ranks and differ
-between threads, or run inside `collective_names(prefix)`, which names
-their default eager calls `<prefix>/eager/<op>` (the way for calls without
-a `name=` argument: `strategy.reduce`, variable creation, a distributed
-dataset's iterator).  The thread in which an eager `strategy.run` runs the
-replica's function while its caller waits names its calls as the caller
-does (`named_as_caller`).
+between threads, or run inside `collective_names(prefix)`, which allows
+their default eager names and puts `<prefix>/` before the name of every
+collective they issue or trace (the way for calls without a `name=`
+argument: `strategy.reduce`, variable creation, a distributed dataset's
+iterator, Keras' steps).  The prefixes are a context variable: each thread
+and each asyncio task has its own.  The thread in which an eager
+`strategy.run` runs the replica's function while its caller waits names
+its calls as the caller does (`named_as_caller`).
 
-An explicit `name` is used as-is.  A default name made while a
-communicating Keras call runs (`model.fit`, `evaluate`, `predict`, `save`,
-...; see `mpistrategy.compat`) starts with that call, e.g.
+An explicit `name` is used as-is (after any `collective_names` prefixes).
+A default name made while a communicating Keras call runs (`model.fit`,
+`evaluate`, `predict`, `save`, ...; see `mpistrategy.compat`) starts with
+that call, e.g.
 `Model.evaluate/eager/allreduce` or `Model.fit/Model.evaluate/<graph
 path>/allreduce_1`, so a stall warning or timeout says which Keras call the
 waiting ranks are in, and collectives of different Keras calls never pair.
@@ -44,6 +47,7 @@ waiting ranks are in, and collectives of different Keras calls never pair.
 
 import collections
 import contextlib
+import contextvars
 import functools
 import re
 import threading
@@ -54,14 +58,31 @@ import tensorflow as tf
 
 def tensor_name(name, kind):
   """The name pairing this collective across ranks (see module docstring)."""
+  _COMMUNICATING_THREADS.add(threading.get_ident())
   if name is not None:
-    return name
+    return _scoped(_naming_of_this_thread()[1], name)
   prefix = "".join(f"{entry}/" for entry in entry_points())
   if tf.executing_eagerly():
-    scopes = _eager_scopes_or_raise(kind)
-    return "".join(f"{scope}/" for scope in scopes) + f"{prefix}eager/{kind}"
+    scopes = _scopes_or_raise(kind)
+    return _scoped(scopes, f"{prefix}eager/{kind}")
   graph = tf.compat.v1.get_default_graph()
-  return f"{prefix}{_graph_path(graph)}/{_name_in_graph(graph, kind)}"
+  return _scoped(_naming_of_this_thread()[1],
+                 f"{prefix}{_graph_path(graph)}/{_name_in_graph(graph, kind)}")
+
+
+def _scoped(scopes, name):
+  return "".join(f"{scope}/" for scope in scopes) + name
+
+
+# Threads that issued or traced a collective (`threading.get_ident()`): an
+# exception that ends one of them leaves the other ranks waiting, so the
+# runtime's thread excepthook ends the job for those (runtime.py).
+_COMMUNICATING_THREADS = set()
+
+
+def thread_communicated(ident):
+  """True where the thread `ident` issued or traced a collective."""
+  return ident in _COMMUNICATING_THREADS
 
 
 # The public calls (e.g. "Model.evaluate") this thread is inside, outermost
@@ -105,15 +126,17 @@ class entry_point:  # pylint: disable=invalid-name
     return False
 
 
-# This thread's eager naming: `scopes`, the prefixes of `collective_names`
-# (outermost first); `caller`, in the thread of an eager `strategy.run`, the
-# naming of the thread that called it (`named_as_caller`).
-_eager = threading.local()
+# The prefixes of `collective_names`, outermost first: a context variable,
+# so each thread and each asyncio task has its own.
+_scopes = contextvars.ContextVar("mpistrategy_collective_names", default=())
+# `caller`: in the thread of an eager `strategy.run`, the naming of the
+# thread that called it (`named_as_caller`).
+_replica = threading.local()
 
 
 @contextlib.contextmanager
 def collective_names(prefix):
-  """Names this thread's default-named eager collectives `<prefix>/eager/...`.
+  """Prefixes the names of the collectives of this thread (or asyncio task).
 
   Default eager names pair each rank's k-th call with every other rank's
   k-th call, which is only defined within one thread, so outside the main
@@ -121,8 +144,12 @@ def collective_names(prefix):
   context they are allowed in any thread: a training loop in a worker
   thread, or calls without a `name=` argument (`strategy.reduce`,
   `strategy.gather`, variables created under `strategy.scope()`, iterating
-  a distributed dataset).  Calls inside a `tf.function` keep their own
-  names, which agree on every rank already.
+  a distributed dataset).  Every collective issued or traced here is named
+  `<prefix>/<its name>` (explicit names, the library's own and those of a
+  `tf.function` traced here too), so threads or tasks that communicate at
+  the same time under different prefixes never pair with each other.  A
+  `tf.function` keeps the names of the context it was traced in: give
+  each thread its own.
 
   Args:
     prefix: a non-empty str, the same on every rank for the same thread's
@@ -139,22 +166,19 @@ def collective_names(prefix):
   if not isinstance(prefix, str) or not prefix:
     raise ValueError("mpistrategy.collective_names: prefix must be a "
                      f"non-empty str, got {prefix!r}")
-  scopes = getattr(_eager, "scopes", None)
-  if scopes is None:
-    scopes = _eager.scopes = []
-  scopes.append(prefix)
+  token = _scopes.set(_scopes.get() + (prefix,))
   try:
     yield
   finally:
-    scopes.pop()
+    _scopes.reset(token)
 
 
-def _eager_naming():
-  """This thread's eager naming: (may use default names, prefixes)."""
-  caller = getattr(_eager, "caller", None)
+def _naming_of_this_thread():
+  """(may use default eager names, `collective_names` prefixes)."""
+  caller = getattr(_replica, "caller", None)
   if caller is not None:
     return caller
-  scopes = tuple(getattr(_eager, "scopes", ()))
+  scopes = _scopes.get()
   return (bool(scopes) or
           threading.current_thread() is threading.main_thread()), scopes
 
@@ -176,20 +200,20 @@ def named_as_caller(fn):
   Returns:
     A function calling `fn` with the calling thread's eager naming.
   """
-  caller = _eager_naming()
+  caller = _naming_of_this_thread()
 
   @functools.wraps(fn)
   def fn_named_as_caller(*args, **kwargs):
-    _eager.caller = caller
+    _replica.caller = caller
     try:
       return fn(*args, **kwargs)
     finally:
-      _eager.caller = None
+      _replica.caller = None
 
   return fn_named_as_caller
 
 
-def _eager_scopes_or_raise(kind):
+def _scopes_or_raise(kind):
   """The prefixes of this thread's default eager names.
 
   Default eager names (`eager/<op>`) pair the k-th call of each rank with
@@ -211,7 +235,7 @@ def _eager_scopes_or_raise(kind):
   Raises:
     ValueError: this thread may not use default eager names.
   """
-  allowed, scopes = _eager_naming()
+  allowed, scopes = _naming_of_this_thread()
   if allowed:
     return scopes
   current = threading.current_thread()

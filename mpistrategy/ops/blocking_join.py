@@ -11,6 +11,7 @@ other ranks are in no collective at all (computing, or idle in Python),
 only a timeout can end the wait: `join` gives up after `timeout` seconds.
 """
 
+import contextvars
 import re
 import threading
 
@@ -47,8 +48,10 @@ def join(what, timeout):
     except BaseException as e:  # pylint: disable=broad-except
       box["error"] = e
 
-  # In a thread of its own, so that the wait can end at `timeout`.
-  thread = threading.Thread(target=run, name="mpistrategy-blocking-join",
+  # In a thread of its own, so that the wait can end at `timeout`; in the
+  # caller's context, for its `collective_names` prefixes.
+  thread = threading.Thread(target=contextvars.copy_context().run,
+                            args=(run,), name="mpistrategy-blocking-join",
                             daemon=True)
   thread.start()
   thread.join(timeout)

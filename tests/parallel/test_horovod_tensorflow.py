@@ -380,6 +380,31 @@ def test_broadcast_and_allgather_objects():
   assert everyone == [{"r": r, "s": "x" * r} for r in range(SIZE)]
 
 
+@pytest.mark.timeout(120)
+def test_object_collectives_in_threads_keep_their_objects():
+  # Their internal names ("broadcast_object/length") took no thread prefix:
+  # a thread received another thread's object.
+  import threading  # pylint: disable=g-import-not-at-top
+  results = {}
+
+  def work(t):
+    with mpistrategy.collective_names(f"thread{t}"):
+      results[t] = [
+          (hvd.broadcast_object({"t": t, "k": k, "from": RANK}, root_rank=0),
+           hvd.allgather_object((t, RANK)))
+          for k in range(10)]
+
+  threads = [threading.Thread(target=work, args=(t,)) for t in range(3)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join(100)
+  for t in range(3):
+    assert results[t] == [({"t": t, "k": k, "from": 0},
+                           [(t, r) for r in range(SIZE)])
+                          for k in range(10)], t
+
+
 # --- alltoall, reducescatter, barrier ----------------------------------------
 
 

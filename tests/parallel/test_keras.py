@@ -549,6 +549,23 @@ def test_compile_in_the_scope_of_a_model_made_outside_it_is_refused(strategy):
       model.compile(optimizer="adam", loss="mse")
 
 
+def test_a_batch_size_that_differs_between_ranks_is_refused_everywhere(
+    strategy):
+  # Keras' array input hides its batch size from the dataset check: the
+  # ranks went into different steps and waited there.
+  rank = mpistrategy.rank()
+  x = np.ones((48, 4), np.float32)
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+  with pytest.raises(ValueError, match=r"Model.fit: the ranks' inputs differ "
+                     r"\(rank 0: batch_size 8, 6 batches; rank 1: batch_size "
+                     r"9, 6 batches"):
+    model.fit(x, x[:, :1], batch_size=8 + rank, verbose=0)
+  with pytest.raises(ValueError, match="Model.predict: the ranks' inputs"):
+    model.predict(x[:48 - 8 * rank], batch_size=8, verbose=0)
+
+
 class ModelWithoutCall(keras.Model):
   """The Keras guide's GAN pattern: parts, a train_step, no call()."""
 

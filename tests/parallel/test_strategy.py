@@ -364,6 +364,20 @@ def test_unbatched_rows_of_features_get_a_warning(strategy, caplog):
 
 
 @pytest.mark.timeout(120)
+def test_datasets_that_differ_between_ranks_are_refused_everywhere(strategy):
+  # A rank-dependent batch size split the rows wrongly without an error.
+  rows = tf.data.Dataset.range(48).map(lambda i: tf.cast(i, tf.float32))
+  with pytest.raises(ValueError,
+                     match="batch size 8 on rank 0, batch size 9 on rank 1"):
+    strategy.experimental_distribute_dataset(rows.batch(8 + R))
+  with pytest.raises(ValueError, match="elements 6 on rank 0, elements 5 on"):
+    strategy.experimental_distribute_dataset(rows.take(48 - 8 * R).batch(8))
+  # The same dataset everywhere is distributed as before.
+  assert len(list(strategy.experimental_distribute_dataset(
+      rows.batch(8)))) == 6
+
+
+@pytest.mark.timeout(120)
 def test_distribute_values_from_function(strategy):
   vals = strategy.experimental_distribute_values_from_function(
       lambda ctx: tf.constant(float(ctx.replica_id_in_sync_group)))
@@ -574,6 +588,44 @@ def test_threads_with_their_own_prefixes_keep_their_values(strategy):
   with pytest.raises(ValueError, match="non-empty str"):
     with mpistrategy.collective_names(""):
       pass
+
+
+@pytest.mark.timeout(120)
+def test_threads_functions_of_one_name_take_their_prefixes(strategy):
+  # Each thread traces its own tf.function, all named `step`, and runs it
+  # at the same time as the others.  Without the prefixes in the traced
+  # names, the threads submitted the same names: "already in flight", or a
+  # rank paired one thread's collective with another's (wrong sums).
+  def work(i):
+    @tf.function
+    def step(x):
+      return strategy.reduce("SUM", strategy.run(lambda: x), axis=None)
+
+    with mpistrategy.collective_names(f"worker{i}"):
+      return [float(step(tf.constant(float(i + 1) * (R + 1))))
+              for _ in range(5)]
+
+  results = _in_threads(work, [f"w{i}" for i in range(3)])
+  for i, got in enumerate(results):
+    assert got == [(i + 1) * N * (N + 1) / 2] * 5, (i, got)
+
+
+@pytest.mark.timeout(120)
+def test_asyncio_tasks_take_their_own_prefixes(strategy):
+  import asyncio  # pylint: disable=g-import-not-at-top
+
+  async def task(label, value):
+    with mpistrategy.collective_names(label):
+      total = 0.0
+      for _ in range(4):
+        total += float(strategy.reduce("SUM", tf.constant(value), axis=None))
+        await asyncio.sleep(0.001 * (R + 1))  # interleave unlike other ranks
+      return total
+
+  async def both():
+    return await asyncio.gather(task("A", 1.0), task("B", 100.0))
+
+  assert asyncio.run(both()) == [4.0 * N, 400.0 * N]
 
 
 @pytest.mark.timeout(120)

@@ -500,6 +500,57 @@ def test_uncaught_exception_aborts_every_rank():
   assert elapsed < 120, elapsed
 
 
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
+def test_uncaught_exception_in_a_communicating_thread_aborts_every_rank():
+  # Python ends only that thread; the other ranks waited for its next
+  # collective until a stall timeout (for ever by default).
+  script = f"""
+      from mpistrategy import _library
+      _library.SEARCH_PATHS.insert(0, {_library_path()!r})
+      import threading, time, mpistrategy, tensorflow as tf
+      from mpistrategy import ops
+      mpistrategy.init()
+
+      def train():
+        with mpistrategy.collective_names("trainer"):
+          ops.allreduce(tf.ones([1]))
+          if mpistrategy.rank() == 1:
+            raise ValueError("boom in a thread")
+          ops.allreduce(tf.ones([1]))  # would wait forever for rank 1
+
+      def idle():
+        raise KeyError("a thread that never communicated")
+
+      quiet = threading.Thread(target=idle)
+      quiet.start()
+      quiet.join()
+      worker = threading.Thread(target=train, name="trainer-thread")
+      worker.start()
+      worker.join()
+      time.sleep(60)
+      """
+  env = dict(os.environ)
+  env.update({"TF_CPP_MIN_LOG_LEVEL": "3",
+              "OMPI_ALLOW_RUN_AS_ROOT": "1",
+              "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+  start = time.monotonic()
+  proc = subprocess.run(
+      ["mpirun", "-np", "2", "--oversubscribe",
+       "--mca", "btl_vader_single_copy_mechanism", "none",
+       sys.executable, "-P", "-c", textwrap.dedent(script)],
+      capture_output=True, text=True, timeout=180, env=env, cwd=ROOT,
+      check=False)
+  elapsed = time.monotonic() - start
+  output = proc.stdout + proc.stderr
+  assert proc.returncode != 0, output
+  assert "Exception in thread trainer-thread" in output, output
+  assert "[rank 1] ValueError: boom in a thread" in output, output
+  assert "rank 1 (host" in output and "raised ValueError" in output, output
+  # A thread that never communicated ends alone, as Python does.
+  assert "KeyError: 'a thread that never communicated'" in output, output
+  assert elapsed < 50, elapsed
+
+
 def test_default_eager_names_only_from_the_main_thread():
   """Other threads must pass name= (issue #14: results silently mixed up)."""
   import threading
