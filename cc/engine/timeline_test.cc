@@ -727,12 +727,13 @@ TEST(TimelineEngine, SetTimelineRecordsAWindowOfTheRun) {
   for (auto& e : engines) ASSERT_TRUE(e->SetTimeline("").ok());
   ASSERT_TRUE(AllreduceOnEveryRank(&engines, "after"));
   for (int r = 0; r < size; ++r) {
-    const std::map<int64_t, Row> rows =
-        Rows(ReadEvents(dir.File("first." + std::to_string(r) + ".json")));
+    const std::string file = dir.File("first." + std::to_string(r) + ".json");
+    const std::map<int64_t, Row> rows = Rows(ReadEvents(file));
     const Row* during = FindRow(rows, "during");
     ASSERT_TRUE(during != nullptr) << r;
     EXPECT_EQ(SpanSequence(*during),
-              (std::vector<std::string>{"NEGOTIATE", "QUEUE", "ALLREDUCE"}));
+              (std::vector<std::string>{"NEGOTIATE", "QUEUE", "ALLREDUCE"}))
+        << "rank " << r << ", " << file << ":\n" << ReadFile(file);
     EXPECT_TRUE(FindRow(rows, "before") == nullptr) << r;
     EXPECT_TRUE(FindRow(rows, "later") == nullptr) << r;
   }

@@ -468,6 +468,22 @@ def test_init_after_mpi_finalized_is_failed_precondition():
   assert "finalized" in proc.stdout
 
 
+def _run_on_two_ranks(script):
+  """Runs `script` under `mpirun -np 2`: (process, its output, seconds)."""
+  env = dict(os.environ)
+  env.update({"TF_CPP_MIN_LOG_LEVEL": "3",
+              "OMPI_ALLOW_RUN_AS_ROOT": "1",
+              "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+  start = time.monotonic()
+  proc = subprocess.run(
+      ["mpirun", "-np", "2", "--oversubscribe",
+       "--mca", "btl_vader_single_copy_mechanism", "none",
+       sys.executable, "-P", "-c", textwrap.dedent(script)],
+      capture_output=True, text=True, timeout=180, env=env, cwd=ROOT,
+      check=False)
+  return proc, proc.stdout + proc.stderr, time.monotonic() - start
+
+
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 def test_uncaught_exception_aborts_every_rank():
   script = f"""
@@ -482,19 +498,7 @@ def test_uncaught_exception_aborts_every_rank():
       ops.allreduce(tf.ones([1]))  # would wait forever for rank 1
       time.sleep(60)
       """
-  env = dict(os.environ)
-  env.update({"TF_CPP_MIN_LOG_LEVEL": "3",
-              "OMPI_ALLOW_RUN_AS_ROOT": "1",
-              "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
-  start = time.monotonic()
-  proc = subprocess.run(
-      ["mpirun", "-np", "2", "--oversubscribe",
-       "--mca", "btl_vader_single_copy_mechanism", "none",
-       sys.executable, "-P", "-c", textwrap.dedent(script)],
-      capture_output=True, text=True, timeout=180, env=env, cwd=ROOT,
-      check=False)
-  elapsed = time.monotonic() - start
-  output = proc.stdout + proc.stderr
+  proc, output, elapsed = _run_on_two_ranks(script)
   assert proc.returncode != 0, output
   assert "[rank 1] ValueError: boom on purpose" in output, output
   assert elapsed < 120, elapsed
@@ -529,19 +533,7 @@ def test_uncaught_exception_in_a_communicating_thread_aborts_every_rank():
       worker.join()
       time.sleep(60)
       """
-  env = dict(os.environ)
-  env.update({"TF_CPP_MIN_LOG_LEVEL": "3",
-              "OMPI_ALLOW_RUN_AS_ROOT": "1",
-              "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
-  start = time.monotonic()
-  proc = subprocess.run(
-      ["mpirun", "-np", "2", "--oversubscribe",
-       "--mca", "btl_vader_single_copy_mechanism", "none",
-       sys.executable, "-P", "-c", textwrap.dedent(script)],
-      capture_output=True, text=True, timeout=180, env=env, cwd=ROOT,
-      check=False)
-  elapsed = time.monotonic() - start
-  output = proc.stdout + proc.stderr
+  proc, output, elapsed = _run_on_two_ranks(script)
   assert proc.returncode != 0, output
   assert "Exception in thread trainer-thread" in output, output
   assert "[rank 1] ValueError: boom in a thread" in output, output
