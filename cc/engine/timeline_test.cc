@@ -256,6 +256,9 @@ struct Row {
 };
 
 // Rows by tid, from the "thread_name" metadata events.
+// The rows point into `events`, which must outlive them (a temporary would
+// leave them dangling: hence the deleted overload).
+std::map<int64_t, Row> Rows(std::vector<Json>&& events) = delete;
 std::map<int64_t, Row> Rows(const std::vector<Json>& events) {
   std::map<int64_t, Row> rows;
   for (const Json& e : events) {
@@ -680,8 +683,8 @@ TEST(TimelineEngine, AbortReturnsWithEveryFileComplete) {
   for (int r = 0; r < size; ++r) {
     const std::string file =
         dir.File("trace." + std::to_string(r) + ".json");
-    const std::map<int64_t, Row> rows = Rows(ReadEvents(file));
-    EXPECT_TRUE(FindRow(rows, "before_abort") != nullptr) << file;
+    const std::vector<Json> events = ReadEvents(file);
+    EXPECT_TRUE(FindRow(Rows(events), "before_abort") != nullptr) << file;
   }
   for (auto& engine : engines) engine.reset();
 }
@@ -727,17 +730,18 @@ TEST(TimelineEngine, SetTimelineRecordsAWindowOfTheRun) {
   for (auto& e : engines) ASSERT_TRUE(e->SetTimeline("").ok());
   ASSERT_TRUE(AllreduceOnEveryRank(&engines, "after"));
   for (int r = 0; r < size; ++r) {
-    const std::string file = dir.File("first." + std::to_string(r) + ".json");
-    const std::map<int64_t, Row> rows = Rows(ReadEvents(file));
+    const std::vector<Json> events =
+        ReadEvents(dir.File("first." + std::to_string(r) + ".json"));
+    const std::map<int64_t, Row> rows = Rows(events);
     const Row* during = FindRow(rows, "during");
     ASSERT_TRUE(during != nullptr) << r;
     EXPECT_EQ(SpanSequence(*during),
-              (std::vector<std::string>{"NEGOTIATE", "QUEUE", "ALLREDUCE"}))
-        << "rank " << r << ", " << file << ":\n" << ReadFile(file);
+              (std::vector<std::string>{"NEGOTIATE", "QUEUE", "ALLREDUCE"}));
     EXPECT_TRUE(FindRow(rows, "before") == nullptr) << r;
     EXPECT_TRUE(FindRow(rows, "later") == nullptr) << r;
   }
-  const std::map<int64_t, Row> rows = Rows(ReadEvents(second));
+  const std::vector<Json> second_events = ReadEvents(second);
+  const std::map<int64_t, Row> rows = Rows(second_events);
   EXPECT_TRUE(FindRow(rows, "later") != nullptr);
   EXPECT_TRUE(FindRow(rows, "during") == nullptr);
   EXPECT_TRUE(FindRow(rows, "after") == nullptr);
