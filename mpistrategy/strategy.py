@@ -59,6 +59,12 @@ def _ops():
   return ops
 
 
+def _library_name(name):
+  """`name` after the Keras call it runs in (`_naming.library_name`)."""
+  from mpistrategy.ops import _naming  # pylint: disable=g-import-not-at-top
+  return _naming.library_name(name)
+
+
 def _init_engine(communication_options):
   """Starts the engine, honouring the strategy-level engine-wide options.
 
@@ -566,7 +572,7 @@ def _sharded_per_rank(dataset, num_shards, rank):
   from mpistrategy import ops  # pylint: disable=g-import-not-at-top
   indices = ops.allgather(
       tf.constant([-1 if index is None else index], tf.int64),
-      name="MPIStrategy.user_shard_indices").numpy().tolist()
+      name=_library_name("MPIStrategy.user_shard_indices")).numpy().tolist()
   if all(i in (-1, r) for r, i in enumerate(indices)):
     return True
   if rank == 0 and "split" not in _LOGGED:
@@ -953,7 +959,7 @@ def _check_same_dataset_everywhere(dataset):
   mine = [_batch_size(dataset), int(dataset.cardinality())]
   everyone = _ops().allgather(
       tf.constant([mine], tf.int64),
-      name="MPIStrategy/dataset_shape").numpy().tolist()
+      name=_library_name("MPIStrategy/dataset_shape")).numpy().tolist()
   if all(row == everyone[0] for row in everyone):
     return
 
@@ -996,7 +1002,7 @@ def _agree_on_cardinality(dataset):
   mine = int(dataset._cardinality)  # pylint: disable=protected-access
   everyone = _ops().allgather(
       tf.constant([mine], tf.int64),
-      name="MPIStrategy/dataset_cardinality").numpy().tolist()
+      name=_library_name("MPIStrategy/dataset_cardinality")).numpy().tolist()
   if len(set(everyone)) > 1:
     dataset._cardinality = tf.data.UNKNOWN_CARDINALITY  # pylint: disable=protected-access
     dataset._enable_get_next_as_optional = True  # pylint: disable=protected-access

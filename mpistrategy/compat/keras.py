@@ -386,8 +386,9 @@ def _check_same_input_everywhere(adapter):
 
   mine = [known(getattr(adapter, "batch_size", None)),
           known(getattr(adapter, "num_batches", None))]
-  everyone = ops.allgather(tf.constant([mine], tf.int64),
-                           name="MPIStrategy/keras_input").numpy().tolist()
+  everyone = ops.allgather(
+      tf.constant([mine], tf.int64),
+      name=_naming.library_name("MPIStrategy/keras_input")).numpy().tolist()
   if all(row == everyone[0] for row in everyone):
     return
   calls = _naming.entry_points()

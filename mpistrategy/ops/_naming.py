@@ -70,6 +70,22 @@ def tensor_name(name, kind):
                  f"{prefix}{_graph_path(graph)}/{_name_in_graph(graph, kind)}")
 
 
+def library_name(name):
+  """`name` for a collective of the library's own, after the Keras call.
+
+  As a default name does, it starts with the communicating Keras call it
+  runs in (e.g. "Model.evaluate/MPIStrategy/dataset_shape"), so a stall
+  says which call the waiting ranks are in.
+
+  Args:
+    name: the collective's own name.
+
+  Returns:
+    The name to pass as `name=`.
+  """
+  return "".join(f"{entry}/" for entry in entry_points()) + name
+
+
 def _scoped(scopes, name):
   return "".join(f"{scope}/" for scope in scopes) + name
 
