@@ -60,22 +60,21 @@ def tensor_name(name, kind):
   """The name pairing this collective across ranks (see module docstring)."""
   _COMMUNICATING_THREADS.add(threading.get_ident())
   if name is not None:
-    return _scoped(_naming_of_this_thread()[1], name)
-  prefix = "".join(f"{entry}/" for entry in entry_points())
+    return _under(_naming_of_this_thread()[1], name)
   if tf.executing_eagerly():
     scopes = _scopes_or_raise(kind)
-    return _scoped(scopes, f"{prefix}eager/{kind}")
+    return _under(scopes, library_name(f"eager/{kind}"))
   graph = tf.compat.v1.get_default_graph()
-  return _scoped(_naming_of_this_thread()[1],
-                 f"{prefix}{_graph_path(graph)}/{_name_in_graph(graph, kind)}")
+  return _under(_naming_of_this_thread()[1], library_name(
+      f"{_graph_path(graph)}/{_name_in_graph(graph, kind)}"))
 
 
 def library_name(name):
-  """`name` for a collective of the library's own, after the Keras call.
+  """`name` after the communicating Keras calls this thread is inside.
 
-  As a default name does, it starts with the communicating Keras call it
-  runs in (e.g. "Model.evaluate/MPIStrategy/dataset_shape"), so a stall
-  says which call the waiting ranks are in.
+  Default names get them, and so do the library's own explicit names (e.g.
+  "Model.evaluate/MPIStrategy/dataset_shape"), so a stall says which call
+  the waiting ranks are in.
 
   Args:
     name: the collective's own name.
@@ -83,11 +82,12 @@ def library_name(name):
   Returns:
     The name to pass as `name=`.
   """
-  return "".join(f"{entry}/" for entry in entry_points()) + name
+  return _under(entry_points(), name)
 
 
-def _scoped(scopes, name):
-  return "".join(f"{scope}/" for scope in scopes) + name
+def _under(prefixes, name):
+  """`name` after each of `prefixes`, outermost first, joined by "/"."""
+  return "".join(f"{prefix}/" for prefix in prefixes) + name
 
 
 # Threads that issued or traced a collective (`threading.get_ident()`): an
