@@ -59,12 +59,6 @@ def _ops():
   return ops
 
 
-def _library_name(name):
-  """`name` after the Keras call it runs in (`_naming.library_name`)."""
-  from mpistrategy.ops import _naming  # pylint: disable=g-import-not-at-top
-  return _naming.library_name(name)
-
-
 def _init_engine(communication_options):
   """Starts the engine, honouring the strategy-level engine-wide options.
 
@@ -569,10 +563,8 @@ def _sharded_per_rank(dataset, num_shards, rank):
     return False
   if not tf.executing_eagerly():
     return True
-  from mpistrategy import ops  # pylint: disable=g-import-not-at-top
-  indices = ops.allgather(
-      tf.constant([-1 if index is None else index], tf.int64),
-      name=_library_name("MPIStrategy.user_shard_indices")).numpy().tolist()
+  indices = [row[0] for row in _ops().collectives.every_ranks_values(
+      [-1 if index is None else index], "MPIStrategy.user_shard_indices")]
   if all(i in (-1, r) for r, i in enumerate(indices)):
     return True
   if rank == 0 and "split" not in _LOGGED:
@@ -957,9 +949,8 @@ def _check_same_dataset_everywhere(dataset):
     ValueError: where ranks differ in batch size or number of elements.
   """
   mine = [_batch_size(dataset), int(dataset.cardinality())]
-  everyone = _ops().allgather(
-      tf.constant([mine], tf.int64),
-      name=_library_name("MPIStrategy/dataset_shape")).numpy().tolist()
+  everyone = _ops().collectives.every_ranks_values(
+      mine, "MPIStrategy/dataset_shape")
   if all(row == everyone[0] for row in everyone):
     return
 
@@ -979,8 +970,9 @@ def _check_same_dataset_everywhere(dataset):
 
 
 def _describe_count(value, meaning):
-  special = {-1: "unknown", -2: "unknown"}
-  if meaning == "elements":
+  if meaning != "elements":
+    special = {-1: "unknown"}  # `_batch_size`'s
+  else:
     special = {int(tf.data.INFINITE_CARDINALITY): "infinite",
                int(tf.data.UNKNOWN_CARDINALITY): "unknown"}
   return f"{meaning} {special.get(value, value)}"
@@ -1000,9 +992,8 @@ def _agree_on_cardinality(dataset):
     dataset: a built `DistributedDatasetsFromFunction`; called on every rank.
   """
   mine = int(dataset._cardinality)  # pylint: disable=protected-access
-  everyone = _ops().allgather(
-      tf.constant([mine], tf.int64),
-      name=_library_name("MPIStrategy/dataset_cardinality")).numpy().tolist()
+  everyone = [row[0] for row in _ops().collectives.every_ranks_values(
+      [mine], "MPIStrategy/dataset_cardinality")]
   if len(set(everyone)) > 1:
     dataset._cardinality = tf.data.UNKNOWN_CARDINALITY  # pylint: disable=protected-access
     dataset._enable_get_next_as_optional = True  # pylint: disable=protected-access

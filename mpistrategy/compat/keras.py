@@ -378,17 +378,15 @@ def _check_same_input_everywhere(adapter):
   Raises:
     ValueError: where the ranks' batch sizes or numbers of batches differ.
   """
-  from mpistrategy import ops  # pylint: disable=import-outside-toplevel
   from mpistrategy.ops import _naming  # pylint: disable=import-outside-toplevel
+  from mpistrategy.ops import collectives  # pylint: disable=import-outside-toplevel
 
   def known(value):
     return -1 if value is None else int(value)
 
   mine = [known(getattr(adapter, "batch_size", None)),
           known(getattr(adapter, "num_batches", None))]
-  everyone = ops.allgather(
-      tf.constant([mine], tf.int64),
-      name=_naming.library_name("MPIStrategy/keras_input")).numpy().tolist()
+  everyone = collectives.every_ranks_values(mine, "MPIStrategy/keras_input")
   if all(row == everyone[0] for row in everyone):
     return
   calls = _naming.entry_points()

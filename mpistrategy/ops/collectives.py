@@ -342,6 +342,24 @@ def allgather(tensor, name=None):
       tensor, tensor_name=_naming.tensor_name(name, "allgather"))
 
 
+def every_ranks_values(values, name):
+  """Every rank's `values`, in rank order, through one eager allgather.
+
+  For the library's own agreements (are the ranks' datasets alike?).  Not
+  exported from `mpistrategy.ops`.
+
+  Args:
+    values: a list of Python ints, of the same length on every rank.
+    name: the collective's own name; the Keras call it runs in goes before
+      it (`_naming.library_name`).
+
+  Returns:
+    A list of `size()` lists of ints.
+  """
+  return allgather(tf.constant([values], tf.int64),
+                   name=_naming.library_name(name)).numpy().tolist()
+
+
 @tf.autograph.experimental.do_not_convert
 def broadcast(tensor, root_rank=0, name=None):
   """Returns `root_rank`'s `tensor` on every rank.
