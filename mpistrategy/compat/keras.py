@@ -496,12 +496,20 @@ def _agree_to_stop(model, rank, loop, where):
         f"(engine: {e.message})") from None
 
 
-def _rule_note(entry, rank):
+def _rule_note(entry, rank, error):
+  # A stall timeout (here or on the rank whose abort this is) follows a
+  # stall message naming the missing ranks; otherwise the abort names the
+  # rank that stopped.
+  if isinstance(error, tf.errors.DeadlineExceededError) or (
+      "DeadlineExceededError" in (getattr(error, "message", "") or "")):
+    where = "see the stall message above for the ranks that were missing"
+  else:
+    where = "the error above names the rank that stopped"
   return (f"mpistrategy: this error was raised in {entry}() on rank {rank}: "
           "its collectives were not joined by every rank.  Every rank must "
           "make the same Keras/TF calls that communicate (fit, evaluate, "
-          "predict, save, ...), also when only rank 0 needs the result; "
-          "see the stall message above for the ranks that were missing.")
+          f"predict, save, ...), also when only rank 0 needs the result; "
+          f"{where}.")
 
 
 # The engine's error where another rank's uncaught exception stopped the
@@ -540,7 +548,7 @@ def patch_entry_points(rank):
             if outermost and _world_size() > 1 and not getattr(
                 e, "_mpistrategy_noted", False) and not _peer_raised(e):
               e._mpistrategy_noted = True  # pylint: disable=protected-access
-              e.add_note(_rule_note(__entry, rank))
+              e.add_note(_rule_note(__entry, rank, e))
             raise
           finally:
             if outermost and __entry == "Model.fit":

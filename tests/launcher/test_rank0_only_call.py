@@ -44,13 +44,20 @@ def test_rank_0_only_call_while_the_others_wait(launch, call):
   _check(job, call)
   stalled = [l for l in job.output.splitlines() if "Stalled:" in l]
   assert any(f"Model.{call}/" in l for l in stalled), job.describe()
+  assert "see the stall message above" in job.event("ERROR", 0).text, \
+      job.describe()
 
 
 @pytest.mark.timeout(240)
 def test_rank_0_only_evaluate_while_the_others_exit(launch):
   job = launch("rank0_only_call.py", np=2, timeout=200, env=ENV,
                args=["--call", "evaluate", "--others", "exit"])
-  _check(job, "evaluate")
+  error = _check(job, "evaluate")
+  # Rank 1 exited, so no stall message came; the error names rank 1.
+  assert "rank 1" in error and "shut down" in error, job.describe()
+  assert "stall message" not in error, job.describe()
+  assert "the error above names the rank that stopped" in error, \
+      job.describe()
 
 
 @pytest.mark.timeout(240)
