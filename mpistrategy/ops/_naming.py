@@ -62,7 +62,7 @@ def tensor_name(name, kind):
   if name is not None:
     return _under(_naming_of_this_thread()[1], name)
   if tf.executing_eagerly():
-    scopes = _scopes_or_raise(kind)
+    scopes = _scopes_or_raise(f"mpistrategy.ops.{kind}")
     return _under(scopes, library_name(f"eager/{kind}"))
   graph = tf.compat.v1.get_default_graph()
   return _under(_naming_of_this_thread()[1], library_name(
@@ -229,7 +229,26 @@ def named_as_caller(fn):
   return fn_named_as_caller
 
 
-def _scopes_or_raise(kind):
+def check_default_name(call, takes_name=True):
+  """Raises where this thread may not name `call`'s collectives by default.
+
+  For a public call that names its collectives itself when given no name
+  (e.g. `hvd.broadcast_object`, "broadcast_object/length"): such names pair
+  across threads as default eager names do, so they follow the same rule.
+  Traced calls are named by their graph and always allowed.
+
+  Args:
+    call: the public call, for the message, e.g. "hvd.barrier".
+    takes_name: whether `call` takes `name=`, for the message.
+
+  Raises:
+    ValueError: this thread may not use default eager names.
+  """
+  if tf.executing_eagerly():
+    _scopes_or_raise(call, takes_name)
+
+
+def _scopes_or_raise(call, takes_name=True):
   """The prefixes of this thread's default eager names.
 
   Default eager names (`eager/<op>`) pair the k-th call of each rank with
@@ -243,7 +262,8 @@ def _scopes_or_raise(kind):
   calls with `collective_names`.
 
   Args:
-    kind: the op, for the message.
+    call: the public call, for the message, e.g. "mpistrategy.ops.allreduce".
+    takes_name: whether `call` takes `name=`, for the message.
 
   Returns:
     A tuple of str, the `collective_names` prefixes, outermost first.
@@ -255,8 +275,9 @@ def _scopes_or_raise(kind):
   if allowed:
     return scopes
   current = threading.current_thread()
+  pass_a_name = f"pass name= to {call}, " if takes_name else ""
   raise ValueError(
-      f"mpistrategy.ops.{kind}: an eager collective without `name=` can "
+      f"{call}: an eager collective without `name=` can "
       f"only be issued from the main thread, and this is thread "
       f"{current.name!r}. Default eager names pair calls across ranks by "
       "their order, which is not defined between threads, so results would "
@@ -264,8 +285,8 @@ def _scopes_or_raise(kind):
       "inside `with mpistrategy.collective_names(prefix):` (the same prefix "
       "on every rank, a different one for each thread, e.g. "
       "f\"worker{i}\"; this also covers strategy.reduce, variable creation "
-      "and dataset iteration, which take no name), pass name= to "
-      "mpistrategy.ops calls, or issue the collective from the main thread.")
+      f"and dataset iteration, which take no name), {pass_a_name}"
+      "or issue the collective from the main thread.")
 
 
 # TensorFlow appends process-global uids to the names of the graphs it

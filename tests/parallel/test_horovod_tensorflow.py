@@ -405,6 +405,47 @@ def test_object_collectives_in_threads_keep_their_objects():
                           for k in range(10)], t
 
 
+@pytest.mark.timeout(120)
+def test_unnamed_calls_outside_the_main_thread_name_the_horovod_call():
+  # They used to name mpistrategy.ops.<op> and suggest name= to a call that
+  # takes none (hvd.barrier); hvd.broadcast_object's own default name went
+  # through unchecked and paired with any other unprefixed thread's.
+  import threading  # pylint: disable=g-import-not-at-top
+  errors, results = {}, {}
+  calls = {
+      "hvd.barrier": hvd.barrier,
+      "hvd.broadcast_variables": lambda: hvd.broadcast_variables(
+          [tf.Variable(1.0)], root_rank=0),
+      "hvd.broadcast_object": lambda: hvd.broadcast_object(RANK),
+      "hvd.allgather_object": lambda: hvd.allgather_object(RANK),
+      "hvd.allreduce": lambda: hvd.allreduce(tf.ones([2])),
+      "hvd.grouped_allreduce": lambda: hvd.grouped_allreduce([tf.ones([2])]),
+      "hvd.allgather": lambda: hvd.allgather(tf.ones([1])),
+      "hvd.broadcast": lambda: hvd.broadcast(tf.ones([1]), root_rank=0),
+      "hvd.reducescatter": lambda: hvd.reducescatter(tf.ones([SIZE])),
+  }
+
+  def work():
+    for call, fn in calls.items():
+      try:
+        fn()
+        errors[call] = None
+      except ValueError as e:
+        errors[call] = str(e)
+    results["named"] = hvd.broadcast_object(RANK, name="worker/object")
+
+  thread = threading.Thread(target=work, name="hvd-worker")
+  thread.start()
+  thread.join(100)
+  for call in calls:
+    error = errors[call]
+    assert error is not None and error.startswith(f"{call}: "), (call, error)
+    assert "'hvd-worker'" in error and "collective_names" in error, error
+    takes_name = call not in ("hvd.barrier", "hvd.broadcast_variables")
+    assert (f"pass name= to {call}," in error) == takes_name, error
+  assert results["named"] == 0
+
+
 # --- alltoall, reducescatter, barrier ----------------------------------------
 
 

@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from mpistrategy import ops
 from mpistrategy import compression as compression_lib
+from mpistrategy.ops import _naming
 from mpistrategy.horovod.tensorflow import basics
 
 try:  # Horovod pickles objects with cloudpickle (lambdas, local classes).
@@ -150,6 +151,17 @@ def _horovod_gradient(tensor, factor):
   return scaled(tensor)
 
 
+def _check_name(name, fn, takes_name=True):
+  """Raises where this thread may not leave `fn`'s collectives unnamed.
+
+  `fn`'s own names for them pair across threads by order, as
+  `mpistrategy.ops`' default names do (see `mpistrategy.collective_names`),
+  so the error names `fn` rather than the op underneath.
+  """
+  if name is None:
+    _naming.check_default_name(fn, takes_name)
+
+
 def _sub_name(name, suffix):
   return None if name is None else f"{name}/{suffix}"
 
@@ -250,6 +262,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
   fn = "hvd.allreduce"
   basics.check_initialized()
   basics.check_process_set(process_set, fn)
+  _check_name(name, fn)
   _check_device(device_dense, "device_dense", fn)
   _check_device(device_sparse, "device_sparse", fn)
   op = _resolve_op(op, average, fn)
@@ -277,6 +290,7 @@ def grouped_allreduce(tensors, average=None, device_dense="",
   fn = "hvd.grouped_allreduce"
   basics.check_initialized()
   basics.check_process_set(process_set, fn)
+  _check_name(name, fn)
   _check_device(device_dense, "device_dense", fn)
   _check_device(device_sparse, "device_sparse", fn)
   if not isinstance(tensors, (list, tuple)):
@@ -309,6 +323,7 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
   del ignore_name_scope
   basics.check_initialized()
   basics.check_process_set(process_set, "hvd.allgather")
+  _check_name(name, "hvd.allgather")
   return _horovod_gradient(ops.allgather(tensor, name=name),
                            1 / basics.size())
 
@@ -319,6 +334,7 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
   del ignore_name_scope
   basics.check_initialized()
   basics.check_process_set(process_set, "hvd.grouped_allgather")
+  _check_name(name, "hvd.grouped_allgather")
   if not isinstance(tensors, (list, tuple)):
     raise TypeError("hvd.grouped_allgather: `tensors` must be a list or "
                     f"tuple, got {type(tensors).__name__}")
@@ -333,6 +349,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
   del ignore_name_scope
   basics.check_initialized()
   basics.check_process_set(process_set, "hvd.broadcast")
+  _check_name(name, "hvd.broadcast")
   return _horovod_gradient(
       ops.broadcast(tensor, root_rank=root_rank, name=name),
       1 / basics.size())
@@ -353,6 +370,7 @@ def broadcast_(variables, root_rank, name=None, process_set=None):
   """
   basics.check_initialized()
   basics.check_process_set(process_set, "hvd.broadcast_")
+  _check_name(name, "hvd.broadcast_")
   single = not isinstance(variables, (list, tuple))
   variables = [variables] if single else list(variables)
   for v in variables:
@@ -389,6 +407,7 @@ def broadcast_variables(variables, root_rank, process_set=None,
   del inplace
   basics.check_initialized()
   basics.check_process_set(process_set, "hvd.broadcast_variables")
+  _check_name(None, "hvd.broadcast_variables", takes_name=False)
   assigns = []
   for v in variables:
     assigns.append(v.assign(ops.broadcast(v, root_rank=root_rank)))
@@ -414,6 +433,7 @@ def broadcast_object(obj, root_rank=0, session=None, name=None,
   basics.check_initialized()
   basics.check_process_set(process_set, fn)
   _check_eager(fn)
+  _check_name(name, fn)
   name = name or "broadcast_object"
   if basics.rank() == root_rank:
     payload = _pickle.dumps(obj)
@@ -447,6 +467,7 @@ def allgather_object(obj, session=None, name=None, process_set=None):
   basics.check_initialized()
   basics.check_process_set(process_set, fn)
   _check_eager(fn)
+  _check_name(name, fn)
   name = name or "allgather_object"
   payload = _pickle.dumps(obj)
   lengths = ops.allgather(tf.constant([len(payload)], tf.int64),
@@ -480,6 +501,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
   del ignore_name_scope
   basics.check_initialized()
   basics.check_process_set(process_set, "hvd.alltoall")
+  _check_name(name, "hvd.alltoall")
   received, received_splits = ops.alltoall(tensor, splits=splits, name=name)
   if splits is None:
     return received
@@ -528,6 +550,7 @@ def _reducescatter_list(tensors, device_dense, compression, op, process_set,
                         prescale_factor, postscale_factor, name, fn):
   basics.check_initialized()
   basics.check_process_set(process_set, fn)
+  _check_name(name, fn)
   _check_device(device_dense, "device_dense", fn)
   op = _resolve_op(op, None, fn, allowed=(Average, Sum))
   compression = _compression(compression, fn)
@@ -554,6 +577,7 @@ def barrier(process_set=None):
   """Blocks until every rank reached the barrier."""
   basics.check_initialized()
   basics.check_process_set(process_set, "hvd.barrier")
+  _check_name(None, "hvd.barrier", takes_name=False)
   return ops.barrier()
 
 
