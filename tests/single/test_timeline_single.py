@@ -26,12 +26,18 @@ def restore_options():
   mpistrategy.init(previous)
 
 
-def test_unwritable_path_is_value_error_naming_it(tmp_path, restore_options):
+def test_unwritable_path_is_value_error_naming_it(tmp_path, restore_options,
+                                                 monkeypatch):
   path = str(tmp_path / "no-such-directory" / "trace.json")
   mpistrategy.shutdown()
+  # As under mpirun: the message names the rank, since no excepthook
+  # prefixes a traceback before the engine started.
+  monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
   with pytest.raises(ValueError) as info:
     mpistrategy.init(mpistrategy.Options(timeline=path))
+  monkeypatch.delenv("OMPI_COMM_WORLD_RANK")
   message = str(info.value)
+  assert message.startswith("mpistrategy.init (rank 0): Options.timeline")
   assert f'"{path}"' in message
   assert "No such file or directory" in message
   assert not mpistrategy.is_initialized()
