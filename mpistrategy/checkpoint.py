@@ -19,6 +19,10 @@ patches of this module once per process, in a multi-process run (world size
   a non-chief worker's own directory, as the TF tutorials do, works).
   Return values (the path returned by `Checkpoint.save`, `CheckpointManager`
   paths) are the user's path on every rank.
+  The Keras saves and `tf.saved_model.save` of an object that holds
+  nothing made under a multi-process MPIStrategy (a model built outside
+  the strategy, a module of plain variables) are each rank's own: every
+  rank that saves one writes the user's path, atomically, as rank 0 does.
 * **Atomic writes on rank 0** -- every write above goes to a temporary name
   in the same directory (`.mpistrategy-tmp-<pid>-<host>-<hex>-<name>`; a
   later save into the directory removes those of killed writers on this
@@ -658,7 +662,10 @@ def _move_into_place(tmp, path):
       old = _temp_sibling(path)
       os.rename(path, old)
     try:
-      os.rename(tmp, path)
+      if old is None:
+        _rename_to_new_name(tmp, path)
+      else:
+        os.rename(tmp, path)
     except BaseException:
       if old is not None:
         os.rename(old, path)
@@ -666,6 +673,22 @@ def _move_into_place(tmp, path):
     if old is not None:
       _remove_quietly(old)
   _fsync(parent, directory=True)
+
+
+def _rename_to_new_name(new, path):
+  """Renames `new` to `path`, which did not exist a moment ago.
+
+  Where another process made `path` a directory meanwhile (ranks saving
+  the same object of their own, e.g. a model built outside the strategy,
+  to one path), `new` replaces it entry by entry instead of failing.
+  """
+  try:
+    os.rename(new, path)
+  except OSError as error:
+    if (error.errno not in (errno.ENOTEMPTY, errno.EEXIST) or
+        not os.path.isdir(new) or not os.path.isdir(path)):
+      raise
+    _replace_entries(new, path)
 
 
 def _replace_entries(tmp, path):
@@ -681,7 +704,7 @@ def _replace_entries(tmp, path):
   for name in names:
     new, old = os.path.join(tmp, name), os.path.join(path, name)
     if not os.path.lexists(old):
-      os.rename(new, old)
+      _rename_to_new_name(new, old)
     elif not _exchange(new, old):  # else the old entry is now in `tmp`
       _move_into_place(new, old)
   shutil.rmtree(tmp, ignore_errors=True)
@@ -804,12 +827,14 @@ def _write_atomically(path, write, stage=False, shown=None):
   return result
 
 
-def _write_for_user(path, write, atomic=True, stage=False):
+def _write_for_user(path, write, atomic=True, stage=False, saved=None):
   """Runs the user's write of `path` the way this rank must do it.
 
   Rank 0 writes `path` itself, atomically where it can; ranks > 0 write
-  their scratch mirror.  Nested patched writes (`Model.save` calls
-  `save_model`, `Model.export` calls `tf.saved_model.save`) pass through.
+  their scratch mirror, unless `saved` holds none of the strategy's state
+  (then each rank's object is its own, and every rank writes `path` as
+  rank 0 does).  Nested patched writes (`Model.save` calls `save_model`,
+  `Model.export` calls `tf.saved_model.save`) pass through.
 
   Args:
     path: the path the user gave.
@@ -817,6 +842,7 @@ def _write_for_user(path, write, atomic=True, stage=False):
     atomic: False where the write must go to `path` itself (e.g. Keras'
       overwrite prompt, sharded weights).
     stage: see `_write_atomically`.
+    saved: the object saved, or None (treated as the strategy's state).
 
   Returns:
     `write`'s result.
@@ -826,7 +852,8 @@ def _write_for_user(path, write, atomic=True, stage=False):
   with _outermost_write() as outermost:
     if not outermost:
       return write(path)
-    if not _is_chief():
+    if not _is_chief() and (saved is None or _holds_strategy_state(saved) or
+                            _is_mirror(path)):
       mirrored = _mirror_for_write(path, fresh=atomic)
       start = time.time_ns()
       try:
@@ -852,6 +879,28 @@ def _write_for_user(path, write, atomic=True, stage=False):
     if not os.path.isdir(os.path.dirname(real)):
       return write(path)  # the writer fails, or makes the directories
     return _write_atomically(real, write, stage=stage, shown=path)
+
+
+def _holds_strategy_state(obj):
+  """True if `obj` or an object it tracks was made under MPIStrategy.
+
+  Such state is the same on every rank, so rank 0's copy is everyone's.
+  Anything else (a model built outside the strategy, under another
+  strategy, a module of plain variables) may differ per rank, and a rank
+  that saves it keeps its own file, as in one process.
+  """
+  try:
+    tracked = [obj] + list(tf.train.TrackableView(obj).descendants())
+  except Exception:  # pylint: disable=broad-except
+    return True  # not walkable: keep the strategy's rule
+  return any(_in_mpi_strategy(t) for t in tracked)
+
+
+def _is_mirror(path):
+  """True if `path` is already in this rank's scratch directory."""
+  root = _STATE["scratch"]
+  return root is not None and os.path.abspath(os.fspath(path)).startswith(
+      root + os.sep)
 
 
 def _raise_if_scratch_full(error, path):
@@ -1267,7 +1316,8 @@ def patch_saved_model():
 
   def save_and_return_nodes(obj, export_dir, *args, **kwargs):
     return _write_for_user(export_dir,
-                           lambda p: orig_save(obj, p, *args, **kwargs))
+                           lambda p: orig_save(obj, p, *args, **kwargs),
+                           saved=obj)
 
   save_and_return_nodes.__doc__ = orig_save.__doc__
   module.save_and_return_nodes = save_and_return_nodes
@@ -1483,10 +1533,11 @@ def _may_replace(filepath, args, kwargs, overwrite_index=0):
                                  os.path.lexists(os.fspath(filepath)))
 
 
-def _in_mpi_strategy(model):
-  """True if `model` was built under a multi-process MPIStrategy."""
+def _in_mpi_strategy(obj):
+  """True if `obj` (a model, a variable) was made under a multi-process
+  MPIStrategy."""
   # MPIStrategy's mark; importing strategy.py here would be a cycle.
-  s = getattr(model, "_distribute_strategy", None)
+  s = getattr(obj, "_distribute_strategy", None)
   return (getattr(s, "_is_mpi_strategy", False) and
           s.extended._num_workers > 1)  # pylint: disable=protected-access
 
@@ -1499,7 +1550,7 @@ def patch_keras_model_saving():
   def save(self, filepath, *args, **kwargs):
     return _write_for_user(
         filepath, lambda p: orig_save(self, p, *args, **kwargs),
-        atomic=_may_replace(filepath, args, kwargs), stage=True)
+        atomic=_may_replace(filepath, args, kwargs), stage=True, saved=self)
 
   def save_weights(self, filepath, *args, **kwargs):
     sharded = kwargs.get("max_shard_size", args[1] if len(args) > 1 else None)
@@ -1507,7 +1558,7 @@ def patch_keras_model_saving():
         filepath, lambda p: orig_save_weights(self, p, *args, **kwargs),
         # Sharded weights are several files named after the path.
         atomic=_may_replace(filepath, args, kwargs) and sharded is None,
-        stage=True)
+        stage=True, saved=self)
 
   save.__doc__ = orig_save.__doc__
   save_weights.__doc__ = orig_save_weights.__doc__
@@ -1517,7 +1568,8 @@ def patch_keras_model_saving():
 
   def export(self, filepath, *args, **kwargs):
     return _write_for_user(filepath,
-                           lambda p: orig_export(self, p, *args, **kwargs))
+                           lambda p: orig_export(self, p, *args, **kwargs),
+                           saved=self)
 
   export.__doc__ = orig_export.__doc__
   cls.export = export
@@ -1549,7 +1601,7 @@ def patch_keras_model_saving():
   def save_model(model, filepath, *args, **kwargs):
     return _write_for_user(
         filepath, lambda p: orig_save_model(model, p, *args, **kwargs),
-        atomic=_may_replace(filepath, args, kwargs), stage=True)
+        atomic=_may_replace(filepath, args, kwargs), stage=True, saved=model)
 
   save_model.__doc__ = orig_save_model.__doc__
   for module in (saving_api, keras.saving, keras.models):

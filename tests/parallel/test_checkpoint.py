@@ -8,6 +8,7 @@ rank hangs (saving reads SyncOnRead variables collectively), and restoring
 gives every rank rank 0's state.
 """
 
+import functools
 import hashlib
 import json
 import os
@@ -116,6 +117,69 @@ def test_model_save_and_save_weights_on_every_rank(strategy, workdir):
   if R == 0:
     m.save_weights(weights_path)
   ops.barrier()
+
+
+def _own_model(value):
+  """A model outside any MPIStrategy whose weights are all `value`."""
+  m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)],
+                       name="own")
+  for w in m.weights:
+    w.assign(tf.fill(w.shape, float(value)))
+  return m
+
+
+@pytest.mark.timeout(300)
+def test_what_is_not_the_strategys_is_saved_by_the_rank_that_saves_it(
+    strategy, workdir):
+  # Each rank's own objects (a model built outside the strategy, one under
+  # another strategy, a module of plain variables) may differ per rank: a
+  # rank that saves one keeps its file, as in one process.  They went to
+  # the rank's scratch copy and were gone at exit.
+  own = _own_model(R)
+  with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+    other = _own_model(R)
+  module = tf.Module()
+  module.v = tf.Variable(float(R))
+  module.get = tf.function(lambda: module.v, input_signature=[])
+  p = functools.partial(os.path.join, workdir)
+  own.save(p(f"own{R}.keras"))
+  own.save_weights(p(f"own{R}.weights.h5"))
+  keras.saving.save_model(own, p(f"fn{R}.keras"))
+  own.export(p(f"export{R}"))
+  other.save(p(f"other{R}.keras"))
+  tf.saved_model.save(module, p(f"module{R}"))
+  if R == N - 1:
+    own.save(p("only_the_last_rank.keras"))
+  # The same path from every rank: one complete copy, no error.
+  for _ in range(2):
+    own.save(p("shared.keras"))
+    tf.saved_model.save(module, p("shared_module"))
+  # The strategy's state is written by rank 0 only, as before.
+  _model(strategy).save(p(f"strategy{R}.keras"))
+  ops.barrier()
+  if R == 0:
+    for r in range(N):
+      for name in (f"own{r}.keras", f"fn{r}.keras", f"other{r}.keras"):
+        loaded = keras.models.load_model(p(name))
+        assert all((w.numpy() == r).all() for w in loaded.weights), name
+      weights = _own_model(-1)
+      weights.load_weights(p(f"own{r}.weights.h5"))
+      assert all((w.numpy() == r).all() for w in weights.weights)
+      x = np.ones((1, 3), np.float32)
+      assert tf.saved_model.load(p(f"export{r}")).serve(x).numpy().tolist() \
+          == [[3.0 * r + r] * 2]
+      assert tf.saved_model.load(p(f"module{r}")).get().numpy() == r
+    loaded = keras.models.load_model(p("only_the_last_rank.keras"))
+    assert all((w.numpy() == N - 1).all() for w in loaded.weights)
+    shared = keras.models.load_model(p("shared.keras")).weights[0].numpy()
+    assert shared.min() == shared.max() and shared.min() in range(N)
+    assert tf.saved_model.load(p("shared_module")).get().numpy() in range(N)
+    assert os.path.exists(p("strategy0.keras"))
+    assert not [n for n in os.listdir(workdir)
+                if n.startswith("strategy") and n != "strategy0.keras"]
+    assert not [n for n in os.listdir(workdir) if n.startswith(".mpistrategy")]
+  ops.barrier()
+  keras.backend.clear_session(free_memory=False)
 
 
 @pytest.mark.timeout(300)

@@ -155,3 +155,27 @@ def test_a_full_scratch_disk_on_a_rank_above_0_is_named(error, monkeypatch):
     assert part in text, text
   # Other errors pass through unchanged.
   checkpoint._raise_if_scratch_full(OSError(2, "No such file"), "/data/m")  # pylint: disable=protected-access
+
+
+def test_a_directory_another_writer_made_meanwhile_is_replaced_entry_by_entry(
+    tmp_path):
+  # Ranks saving their own object (not the strategy's) to one path all
+  # write it: a SavedModel directory renamed into place after another
+  # rank's appeared failed with ENOTEMPTY.
+  new, path = tmp_path / "new", tmp_path / "saved"
+  for directory, text in ((new, "mine"), (path, "theirs")):
+    (directory / "variables").mkdir(parents=True)
+    (directory / "saved_model.pb").write_text(text)
+    (directory / "variables" / "data").write_text(text)
+  (path / "fingerprint.pb").write_text("theirs only")
+  checkpoint._rename_to_new_name(str(new), str(path))  # pylint: disable=protected-access
+  assert (path / "saved_model.pb").read_text() == "mine"
+  assert (path / "variables" / "data").read_text() == "mine"
+  assert (path / "fingerprint.pb").read_text() == "theirs only"
+  assert not new.exists()
+  # Anything else still fails as the rename did.
+  (tmp_path / "file").write_text("x")
+  (tmp_path / "dir").mkdir()
+  with pytest.raises(NotADirectoryError):
+    checkpoint._rename_to_new_name(str(tmp_path / "dir"),  # pylint: disable=protected-access
+                                   str(tmp_path / "file"))
