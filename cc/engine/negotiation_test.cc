@@ -533,6 +533,20 @@ TEST(Negotiation, MismatchesFailOnEveryRank) {
                            "Mismatched allreduce \"grad/dense_1\": rank 0 has "
                            "shape [3, 4] but rank 1 has shape [5, 4]"))
           << s.message();
+      EXPECT_FALSE(Contains(s.message(), "no elements")) << s.message();
+    }
+    // A rank with an empty tensor (a per-row loss on a rank left no rows).
+    {
+      Shape shape = rank == 2 ? Shape{0} : Shape{};
+      auto f = Submit(e, AllreduceEntry("loss", DataType::kFloat32, shape, in,
+                                        &out));
+      Status s = Await(&f);
+      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+      EXPECT_TRUE(Contains(s.message(),
+                           "rank 0 has shape [] but rank 2 has shape [0] "
+                           "(rank 2's tensor has no elements: did a short "
+                           "last batch leave that rank no rows?"))
+          << s.message();
     }
     // Dtype.
     {

@@ -39,6 +39,18 @@ std::string DtypeMismatch(const Request& a, const Request& b, DataType da,
                   suffix + hint);
 }
 
+// A shape mismatch where one rank's tensor is empty: typically a per-row
+// value (an unreduced loss) on a rank that a short last batch left no rows,
+// against a scalar or full tensor elsewhere, so the message says so.
+std::string EmptyTensorHint(const Request& a, const Request& b) {
+  const bool a_empty = NumElements(a.shape) == 0;
+  if (a_empty == (NumElements(b.shape) == 0)) return "";
+  return " (rank " + std::to_string(a_empty ? a.rank : b.rank) +
+         "'s tensor has no elements: did a short last batch leave that rank "
+         "no rows? Reduce per-row values to one value per rank first, e.g. "
+         "with tf.nn.compute_average_loss)";
+}
+
 bool TrailingDimsMatch(const Shape& a, const Shape& b) {
   return a.size() == b.size() && !a.empty() &&
          std::equal(a.begin() + 1, a.end(), b.begin() + 1);
@@ -122,7 +134,8 @@ std::string CompareRequests(const Request& a, const Request& b) {
                       " (all dimensions but the first must match)");
     }
   } else if (a.shape != b.shape) {
-    return Mismatch(a, b, "shape", ShapeString(a.shape), ShapeString(b.shape));
+    return Mismatch(a, b, "shape", ShapeString(a.shape), ShapeString(b.shape),
+                    EmptyTensorHint(a, b));
   }
   return "";
 }
