@@ -151,6 +151,16 @@ bool Contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
+// Awaits `f`, expects it to fail with `code` and a message containing
+// `text`; returns its status.
+Status ExpectFailure(std::future<Status>* f, StatusCode code,
+                     const std::string& text) {
+  Status s = Await(f);
+  EXPECT_EQ(s.code(), code) << s.message();
+  EXPECT_TRUE(Contains(s.message(), text)) << s.message();
+  return s;
+}
+
 const DataType kAllTypes[] = {
     DataType::kUint8,   DataType::kInt8,     DataType::kBool,
     DataType::kInt32,   DataType::kInt64,    DataType::kFloat16,
@@ -527,12 +537,9 @@ TEST(Negotiation, MismatchesFailOnEveryRank) {
       Shape shape = rank == 1 ? Shape{5, 4} : Shape{3, 4};
       auto f = Submit(e, AllreduceEntry("grad/dense_1", DataType::kFloat32,
                                         shape, in, &out));
-      Status s = Await(&f);
-      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
-      EXPECT_TRUE(Contains(s.message(),
-                           "Mismatched allreduce \"grad/dense_1\": rank 0 has "
-                           "shape [3, 4] but rank 1 has shape [5, 4]"))
-          << s.message();
+      Status s = ExpectFailure(&f, StatusCode::kFailedPrecondition,
+                               "Mismatched allreduce \"grad/dense_1\": rank 0 "
+                               "has shape [3, 4] but rank 1 has shape [5, 4]");
       EXPECT_FALSE(Contains(s.message(), "no elements")) << s.message();
     }
     // A rank with an empty tensor (a per-row loss on a rank left no rows).
@@ -540,13 +547,10 @@ TEST(Negotiation, MismatchesFailOnEveryRank) {
       Shape shape = rank == 2 ? Shape{0} : Shape{};
       auto f = Submit(e, AllreduceEntry("loss", DataType::kFloat32, shape, in,
                                         &out));
-      Status s = Await(&f);
-      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
-      EXPECT_TRUE(Contains(s.message(),
-                           "rank 0 has shape [] but rank 2 has shape [0] "
-                           "(rank 2's tensor has no elements: did a short "
-                           "last batch leave that rank no rows?"))
-          << s.message();
+      ExpectFailure(&f, StatusCode::kFailedPrecondition,
+                    "rank 0 has shape [] but rank 2 has shape [0] "
+                    "(rank 2's tensor has no elements: did a short "
+                    "last batch leave that rank no rows?");
     }
     // Dtype.
     {
@@ -658,25 +662,19 @@ TEST(Negotiation, PackedGroupsCompareTheirTensors) {
       auto f = Submit(e, packed("group", {rank == 1 ? Shape{3, 2}
                                                     : Shape{2, 3},
                                           {1}}));
-      Status s = Await(&f);
-      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
-      EXPECT_TRUE(Contains(s.message(),
-                           "Mismatched allreduce \"group\": rank 0 has shape "
-                           "[2, 3] but rank 1 has shape [3, 2] for grouped "
-                           "tensor 0"))
-          << s.message();
+      ExpectFailure(&f, StatusCode::kFailedPrecondition,
+                    "Mismatched allreduce \"group\": rank 0 has shape "
+                    "[2, 3] but rank 1 has shape [3, 2] for grouped "
+                    "tensor 0");
     }
     // Rank 2 adds a tensor.
     {
       std::vector<Shape> members = {{2, 3}, {1}};
       if (rank == 2) members.push_back({1});
       auto f = Submit(e, packed("group", members));
-      Status s = Await(&f);
-      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
-      EXPECT_TRUE(Contains(s.message(),
-                           "rank 0 has a group of 2 tensors but rank 2 has "
-                           "a group of 3 tensors"))
-          << s.message();
+      ExpectFailure(&f, StatusCode::kFailedPrecondition,
+                    "rank 0 has a group of 2 tensors but rank 2 has "
+                    "a group of 3 tensors");
     }
     // A group of no tensors (the kernel's empty entry) meets the others'
     // groups: rank 1's empty group fails every rank, and empty groups on
@@ -690,14 +688,11 @@ TEST(Negotiation, PackedGroupsCompareTheirTensors) {
     {
       auto f = Submit(e, rank == 1 ? empty_group("group")
                                    : packed("group", {{2, 3}, {1}}));
-      Status s = Await(&f);
-      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
-      EXPECT_TRUE(Contains(s.message(),
-                           "rank 0 has a group of 2 tensors but rank 1 has "
-                           "a group of 0 tensors"))
-          << s.message();
+      ExpectFailure(&f, StatusCode::kFailedPrecondition,
+                    "rank 0 has a group of 2 tensors but rank 1 has "
+                    "a group of 0 tensors");
       f = Submit(e, empty_group("empty"));
-      s = Await(&f);
+      Status s = Await(&f);
       ASSERT_TRUE(s.ok()) << s.ToString();
     }
     // Local misuse: packed shapes need a 1-D allreduce holding them.
