@@ -290,8 +290,9 @@ def _read_path(path):
   also when each rank saved to a path of its own), as long as the
   directory the user named for it still exists (after the user deleted
   that directory, the read fails as it would in one process) and the path
-  itself was not written after that copy was begun (rank 0 saved it again
-  alone: every rank reads what is on disk, as in one process).
+  itself was not written or moved in after that copy was begun (rank 0
+  saved it again alone, or put another file there: every rank reads what
+  is on disk, as in one process).
 
   Args:
     path: the path the user passed to a loader.
@@ -339,9 +340,15 @@ def _check_no_file_above(directory):
 
 
 def _newer(path, than):
-  """True if `path` exists and was modified after `than`."""
+  """True if `path` exists and was modified or put there after `than`.
+
+  A file moved into place keeps its old modification time (`os.replace`,
+  `shutil.copy2`); its change time is the move's.
+  """
   try:
-    return os.stat(path).st_mtime_ns > os.stat(than).st_mtime_ns
+    status = os.stat(path)
+    return (max(status.st_mtime_ns, status.st_ctime_ns) >
+            os.stat(than).st_mtime_ns)
   except OSError:
     return False
 
@@ -796,14 +803,19 @@ def _write_atomically(path, write, stage=False, shown=None):
   target = tmp if staged is None else os.path.join(
       staged, os.path.basename(os.path.abspath(shown)))
   try:
-    with (_late_errors() as late, _naming_user_path(shown, target),
-          _messages_naming(shown, target)):
-      result = write(target)
-    if late:
-      error = _as_os_error(late[0])
-      if error is late[0]:
-        raise error
-      raise error from late[0]
+    try:
+      with (_late_errors() as late, _naming_user_path(shown, target),
+            _messages_naming(shown, target)):
+        result = write(target)
+      if late:
+        error = _as_os_error(late[0])
+        if error is late[0]:
+          raise error
+        raise error from late[0]
+    except (OSError, tf.errors.OpError) as error:
+      if staged is not None:
+        _raise_if_scratch_full(error, shown, staging=True)
+      raise
     if os.path.lexists(target):
       _check_same_kind(target, path, shown)
       try:
@@ -852,8 +864,10 @@ def _write_for_user(path, write, atomic=True, stage=False, saved=None):
   with _outermost_write() as outermost:
     if not outermost:
       return write(path)
-    if not _is_chief() and (saved is None or _holds_strategy_state(saved) or
-                            _is_mirror(path)):
+    # A write that cannot be atomic (sharded weights, Keras' overwrite
+    # prompt) would mix ranks' files on one path: rank 0's rule holds.
+    if not _is_chief() and (saved is None or not atomic or _is_mirror(path)
+                            or _holds_strategy_state(saved)):
       mirrored = _mirror_for_write(path, fresh=atomic)
       start = time.time_ns()
       try:
@@ -903,12 +917,18 @@ def _is_mirror(path):
       root + os.sep)
 
 
-def _raise_if_scratch_full(error, path):
-  """A rank > 0's full scratch disk, named as such.
+def _raise_if_scratch_full(error, path, staging=False):
+  """A full scratch disk, named as such.
 
   The error of a full disk names the user's path (`_naming_user_path`),
   which may have plenty of room: the disk that filled up is this rank's
-  `$TMPDIR`.
+  `$TMPDIR`, where a rank > 0 writes its copy and a rank writing the path
+  itself stages Keras files.
+
+  Args:
+    error: the write's error.
+    path: the path the user gave.
+    staging: True where this rank staged a write of `path` itself.
 
   Raises:
     OSError: `error` says the disk is full (ENOSPC, EDQUOT).
@@ -916,11 +936,17 @@ def _raise_if_scratch_full(error, path):
   code = getattr(_as_os_error(error), "errno", None)
   if code not in (errno.ENOSPC, errno.EDQUOT):
     return
-  raise OSError(
-      code, f"{os.strerror(code)}: rank {_STATE['rank']} writes its own copy "
-      f"of {os.fspath(path)} under {_STATE['scratch']} (in $TMPDIR, on this "
-      "host), and that disk is full; rank 0 writes the path you gave. Free "
-      "space there or set TMPDIR to a larger local disk") from error
+  if staging:
+    what = (f"rank {_STATE['rank']} writes {os.fspath(path)} under "
+            f"{_STATE['scratch']} first (in $TMPDIR, on this host) and then "
+            "copies it to the path you gave, and that disk is full")
+  else:
+    what = (f"rank {_STATE['rank']} writes its own copy of "
+            f"{os.fspath(path)} under {_STATE['scratch']} (in $TMPDIR, on "
+            "this host), and that disk is full; rank 0 writes the path you "
+            "gave")
+  raise OSError(code, f"{os.strerror(code)}: {what}. Free space there or set "
+                "TMPDIR to a larger local disk") from error
 
 
 def _write_tf_checkpoint_atomically(orig_write, ckpt, prefix, options):

@@ -13,6 +13,7 @@ what every rank loads, and messages name the user's path.
 import contextlib
 import io
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -147,6 +148,11 @@ def test_a_later_save_by_rank_0_alone_is_what_every_rank_loads(strategy,
     tf.saved_model.save(m, paths["sm"])
     checkpoint.save(os.path.join(paths["ck"], "c"))
 
+  # Later than every rank's own save: a rank whose save began after rank
+  # 0's second one reads back its own (README), and saves here cost no
+  # communication, so a rank slow to trace the SavedModel (0.5 s against
+  # rank 0's 0.1 s, seen after test_checkpoint.py) began after it.
+  ops.barrier()
   _on_rank_0(save_again)
   loaded = keras.models.load_model(paths["m.keras"])
   local = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
@@ -159,6 +165,36 @@ def test_a_later_save_by_rank_0_alone_is_what_every_rank_loads(strategy,
                              m(X).numpy(), rtol=1e-6)
   assert tf.train.latest_checkpoint(paths["ck"]) == os.path.join(
       paths["ck"], "c-2")
+
+
+@pytest.mark.timeout(300)
+def test_a_file_rank_0_moves_into_place_is_what_every_rank_loads(strategy,
+                                                                 workdir):
+  # A file moved or copied into place keeps its old modification time
+  # (os.replace, shutil.copy2): ranks > 0 went on loading their own copy of
+  # the earlier save, and the ranks evaluated different models.
+  m = _model(strategy)
+  path, other = (os.path.join(workdir, n) for n in ("m.keras", "o.keras"))
+  if R == 0:
+    seven = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    seven.set_weights([np.full_like(w, 7.0) for w in seven.get_weights()])
+    seven.save(other)
+  ops.barrier()
+  for move in ("copy2", "replace"):
+    m.save(path)
+    ops.barrier()
+
+    def put_seven(move=move):
+      if move == "copy2":
+        shutil.copy2(other, path)
+      else:
+        shutil.copy2(other, path + ".new")
+        os.replace(path + ".new", path)
+
+    _on_rank_0(put_seven)
+    for w in keras.models.load_model(path).get_weights():
+      np.testing.assert_array_equal(w, 7.0, err_msg=move)
+    ops.barrier()
 
 
 @pytest.mark.timeout(300)

@@ -157,6 +157,25 @@ def test_a_full_scratch_disk_on_a_rank_above_0_is_named(error, monkeypatch):
   checkpoint._raise_if_scratch_full(OSError(2, "No such file"), "/data/m")  # pylint: disable=protected-access
 
 
+def test_a_full_disk_under_a_staged_write_names_tmpdir(tmp_path, monkeypatch):
+  # Keras files are staged in $TMPDIR before the copy next to the user's
+  # path; a full $TMPDIR gave a bare "No space left on device".
+  monkeypatch.setitem(checkpoint._STATE, "scratch", str(tmp_path / "scratch"))  # pylint: disable=protected-access
+  (tmp_path / "scratch").mkdir()
+
+  def write(target):
+    raise OSError(28, "No space left on device", target)
+
+  with pytest.raises(OSError) as raised:
+    checkpoint._write_atomically(str(tmp_path / "m.keras"), write, stage=True)  # pylint: disable=protected-access
+  text = str(raised.value)
+  assert raised.value.errno == 28, text
+  for part in ("rank 0", str(tmp_path / "m.keras"), "first", "TMPDIR"):
+    assert part in text, text
+  assert sorted(os.listdir(tmp_path)) == ["scratch"]
+  assert os.listdir(tmp_path / "scratch") == []
+
+
 def test_a_directory_another_writer_made_meanwhile_is_replaced_entry_by_entry(
     tmp_path):
   # Ranks saving their own object (not the strategy's) to one path all
