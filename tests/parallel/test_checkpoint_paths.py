@@ -175,11 +175,11 @@ def test_a_file_rank_0_moves_into_place_is_what_every_rank_loads(strategy,
   # the earlier save, and the ranks evaluated different models.
   m = _model(strategy)
   path, other = (os.path.join(workdir, n) for n in ("m.keras", "o.keras"))
-  if R == 0:
-    seven = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-    seven.set_weights([np.full_like(w, 7.0) for w in seven.get_weights()])
-    seven.save(other)
-  ops.barrier()
+  # Built on every rank: Keras' automatic names (`sequential_N`) must stay
+  # the same everywhere for the next tests' collectives to pair.
+  seven = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+  seven.set_weights([np.full_like(w, 7.0) for w in seven.get_weights()])
+  _on_rank_0(lambda: seven.save(other))
   for move in ("copy2", "replace"):
     m.save(path)
     ops.barrier()
