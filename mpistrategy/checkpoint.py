@@ -245,7 +245,7 @@ def mirror_path(path):
   if not _active() or _is_chief():
     return path
   root = _scratch_root()
-  if path == root or path.startswith(root + os.sep):
+  if _is_mirror(path):
     return path  # already a mirror (e.g. a CheckpointManager's directory)
   if "://" in path:  # gs://bucket/x -> <scratch>/gs/bucket/x
     scheme, rest = path.split("://", 1)
@@ -911,10 +911,10 @@ def _holds_strategy_state(obj):
 
 
 def _is_mirror(path):
-  """True if `path` is already in this rank's scratch directory."""
-  root = _STATE["scratch"]
-  return root is not None and os.path.abspath(os.fspath(path)).startswith(
-      root + os.sep)
+  """True if `path` is this rank's scratch directory or lies inside it."""
+  root, path = _STATE["scratch"], os.fspath(path)
+  return root is not None and (path == root or
+                               path.startswith(root + os.sep))
 
 
 def _raise_if_scratch_full(error, path, staging=False):

@@ -145,12 +145,13 @@ def _init(options, restart_stopped):
     config = options_lib.config_text(resolved)
     code = lib.c.mpistrategy_init(config, len(config), error_buf,
                                   len(error_buf))
-    # Without a started engine the excepthook that prefixes tracebacks
-    # with "[rank N]" is not installed: the message says which rank.
-    rank = _output.rank_from_env()
-    _raise_for_code(code, error_buf,
-                    "init" if rank is None else f"init (rank {rank})",
-                    " failed")
+    if code != 0:
+      # Without a started engine the excepthook that prefixes tracebacks
+      # with "[rank N]" is not installed: the message says which rank.
+      rank = _output.rank_from_env()
+      _raise_for_code(code, error_buf,
+                      "init" if rank is None else f"init (rank {rank})",
+                      " failed")
     _state.options = resolved
     if resolved.verbose:
       _output.undo_quiet()

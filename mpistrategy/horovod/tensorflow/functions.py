@@ -151,7 +151,7 @@ def _horovod_gradient(tensor, factor):
   return scaled(tensor)
 
 
-def _check_name(name, fn, takes_name=True):
+def _check_name(name, fn):
   """Raises where this thread may not leave `fn`'s collectives unnamed.
 
   `fn`'s own names for them pair across threads by order, as
@@ -159,7 +159,7 @@ def _check_name(name, fn, takes_name=True):
   so the error names `fn` rather than the op underneath.
   """
   if name is None:
-    _naming.check_default_name(fn, takes_name)
+    _naming.check_default_name(fn)
 
 
 def _sub_name(name, suffix):
@@ -407,7 +407,7 @@ def broadcast_variables(variables, root_rank, process_set=None,
   del inplace
   basics.check_initialized()
   basics.check_process_set(process_set, "hvd.broadcast_variables")
-  _check_name(None, "hvd.broadcast_variables", takes_name=False)
+  _naming.check_default_name("hvd.broadcast_variables", takes_name=False)
   assigns = []
   for v in variables:
     assigns.append(v.assign(ops.broadcast(v, root_rank=root_rank)))
@@ -577,7 +577,7 @@ def barrier(process_set=None):
   """Blocks until every rank reached the barrier."""
   basics.check_initialized()
   basics.check_process_set(process_set, "hvd.barrier")
-  _check_name(None, "hvd.barrier", takes_name=False)
+  _naming.check_default_name("hvd.barrier", takes_name=False)
   return ops.barrier()
 
 
