@@ -83,6 +83,7 @@ import copy
 import ctypes
 import errno
 import fcntl
+import functools
 import glob
 import hashlib
 import json
@@ -839,7 +840,8 @@ def _write_atomically(path, write, stage=False, shown=None):
   return result
 
 
-def _write_for_user(path, write, atomic=True, stage=False, saved=None):
+def _write_for_user(path, write, atomic=True, stage=False, saved=None,
+                    unasked=None):
   """Runs the user's write of `path` the way this rank must do it.
 
   Rank 0 writes `path` itself, atomically where it can; ranks > 0 write
@@ -848,13 +850,21 @@ def _write_for_user(path, write, atomic=True, stage=False, saved=None):
   rank 0 does).  Nested patched writes (`Model.save` calls `save_model`,
   `Model.export` calls `tf.saved_model.save`) pass through.
 
+  Where Keras asks whether to replace `path` (`overwrite=False`), rank 0
+  asks on the job's stdin and, on a yes, writes atomically as always.
+  Ranks > 0 have no stdin: they write their copy without asking and date
+  it before any file rank 0 writes, so that their reads of `path`, once
+  rank 0 has its answer, are of what rank 0 kept.
+
   Args:
     path: the path the user gave.
     write: callable taking the path to actually write.
-    atomic: False where the write must go to `path` itself (e.g. Keras'
-      overwrite prompt, sharded weights).
+    atomic: False where the write is several files named after `path`
+      (sharded weights), which must go to `path` itself.
     stage: see `_write_atomically`.
     saved: the object saved, or None (treated as the strategy's state).
+    unasked: None, or where Keras asks before replacing an existing
+      `path`, the same write without asking (`_keras_writes`).
 
   Returns:
     `write`'s result.
@@ -864,8 +874,9 @@ def _write_for_user(path, write, atomic=True, stage=False, saved=None):
   with _outermost_write() as outermost:
     if not outermost:
       return write(path)
-    # A write that cannot be atomic (sharded weights, Keras' overwrite
-    # prompt) would mix ranks' files on one path: rank 0's rule holds.
+    asks = unasked is not None
+    # Sharded weights of ranks' own objects on one path would mix their
+    # files: rank 0's rule holds for them too.
     if not _is_chief() and (saved is None or not atomic or _is_mirror(path)
                             or _holds_strategy_state(saved)):
       mirrored = _mirror_for_write(path, fresh=atomic)
@@ -873,11 +884,11 @@ def _write_for_user(path, write, atomic=True, stage=False, saved=None):
       try:
         with (_naming_user_path(path, mirrored),
               _messages_naming(path, mirrored)):
-          result = write(mirrored)
+          result = (unasked if asks else write)(mirrored)
       except (OSError, tf.errors.OpError) as error:
         _raise_if_scratch_full(error, path)
         raise
-      _date_copy(mirrored, start)
+      _date_copy(mirrored, 0 if asks else start)
       if _is_local(path) and _on_chief_host():
         # As rank 0's replacement: never a file for a directory, or back.
         try:
@@ -886,6 +897,13 @@ def _write_for_user(path, write, atomic=True, stage=False, saved=None):
           _remove_quietly(mirrored)
           raise
       return result
+    if asks:
+      # Asked here, as Keras would, the write itself can be atomic.
+      if (os.path.exists(path) and
+          not _tfp.keras_io_utils.ask_to_proceed_with_overwrite(
+              os.fspath(path))):
+        return None
+      write = unasked
     if not atomic or not _is_local(path):
       return write(path)  # nothing to protect, or not a local file system
     # Through symbolic links, as a plain write (and onto ".").
@@ -1551,12 +1569,30 @@ def _writing_to_mirror(method, attr):
   return wrapper
 
 
-def _may_replace(filepath, args, kwargs, overwrite_index=0):
-  """False when Keras must see the user's path (its overwrite prompt)."""
-  overwrite = kwargs.get("overwrite", args[overwrite_index]
-                         if len(args) > overwrite_index else True)
-  return bool(overwrite) or not (_is_path(filepath) and
-                                 os.path.lexists(os.fspath(filepath)))
+def _keras_writes(call, filepath, args, kwargs):
+  """A Keras save as the user called it, and the same save without asking.
+
+  Args:
+    call: `call(path, *args, **kwargs)` saves; `args[0]` is `overwrite`.
+    filepath: the path the user gave.
+    args: the call's positional arguments after the path.
+    kwargs: its keyword arguments.
+
+  Returns:
+    `(write, unasked)`: callables taking the path to write. `unasked` is
+    None where Keras never asks whether to replace `filepath`
+    (`overwrite=True`), else `write` with `overwrite=True`.
+  """
+  def write(path):
+    return call(path, *args, **kwargs)
+  overwrite = kwargs.get("overwrite", args[0] if args else True)
+  if overwrite or not _is_path(filepath):
+    return write, None
+  if args:
+    unasked_args, unasked_kwargs = (True,) + tuple(args[1:]), kwargs
+  else:
+    unasked_args, unasked_kwargs = args, dict(kwargs, overwrite=True)
+  return write, lambda path: call(path, *unasked_args, **unasked_kwargs)
 
 
 def _in_mpi_strategy(obj):
@@ -1574,17 +1610,17 @@ def patch_keras_model_saving():
   orig_save, orig_save_weights = cls.save, cls.save_weights
 
   def save(self, filepath, *args, **kwargs):
-    return _write_for_user(
-        filepath, lambda p: orig_save(self, p, *args, **kwargs),
-        atomic=_may_replace(filepath, args, kwargs), stage=True, saved=self)
+    write, unasked = _keras_writes(functools.partial(orig_save, self),
+                                   filepath, args, kwargs)
+    return _write_for_user(filepath, write, stage=True, saved=self,
+                           unasked=unasked)
 
   def save_weights(self, filepath, *args, **kwargs):
     sharded = kwargs.get("max_shard_size", args[1] if len(args) > 1 else None)
-    return _write_for_user(
-        filepath, lambda p: orig_save_weights(self, p, *args, **kwargs),
-        # Sharded weights are several files named after the path.
-        atomic=_may_replace(filepath, args, kwargs) and sharded is None,
-        stage=True, saved=self)
+    write, unasked = _keras_writes(functools.partial(orig_save_weights, self),
+                                   filepath, args, kwargs)
+    return _write_for_user(filepath, write, atomic=sharded is None,
+                           stage=True, saved=self, unasked=unasked)
 
   save.__doc__ = orig_save.__doc__
   save_weights.__doc__ = orig_save_weights.__doc__
@@ -1625,9 +1661,10 @@ def patch_keras_model_saving():
   orig_save_model = saving_api.save_model
 
   def save_model(model, filepath, *args, **kwargs):
-    return _write_for_user(
-        filepath, lambda p: orig_save_model(model, p, *args, **kwargs),
-        atomic=_may_replace(filepath, args, kwargs), stage=True, saved=model)
+    write, unasked = _keras_writes(functools.partial(orig_save_model, model),
+                                   filepath, args, kwargs)
+    return _write_for_user(filepath, write, stage=True, saved=model,
+                           unasked=unasked)
 
   save_model.__doc__ = orig_save_model.__doc__
   for module in (saving_api, keras.saving, keras.models):

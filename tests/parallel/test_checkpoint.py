@@ -119,6 +119,50 @@ def test_model_save_and_save_weights_on_every_rank(strategy, workdir):
   ops.barrier()
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("answer", [False, True])
+def test_overwrite_false_asks_on_rank_0_only(strategy, workdir, monkeypatch,
+                                             answer):
+  # Keras asks before replacing a file where overwrite=False.  Ranks > 0
+  # asked too, about their scratch copy, and failed with EOFError (they
+  # have no stdin under mpirun).  Now rank 0 alone asks, and every rank
+  # reads what rank 0 kept.
+  asked = []
+  def ask(path):
+    asked.append(path)
+    return answer
+  monkeypatch.setattr(keras.src.utils.io_utils,
+                      "ask_to_proceed_with_overwrite", ask)
+  p = functools.partial(os.path.join, workdir)
+  m = _model(strategy)
+  m.save(p("m.keras"))
+  m.save_weights(p("m.weights.h5"))
+  keras.saving.save_model(m, p("f.keras"))
+  ops.barrier()
+  old = [w.numpy() for w in m.weights]
+  for w in m.weights:
+    w.assign(w + 1.0)
+  m.save(p("m.keras"), overwrite=False)
+  m.save_weights(p("m.weights.h5"), False)
+  keras.saving.save_model(m, p("f.keras"), False)
+  m.save(p("new.keras"), overwrite=False)  # nothing there: nothing asked
+  assert asked == ([p("m.keras"), p("m.weights.h5"), p("f.keras")]
+                   if R == 0 else [])
+  ops.barrier()  # rank 0 has its answers
+  kept = [w.numpy() for w in m.weights] if answer else old
+  weights = _model(strategy)
+  weights.load_weights(p("m.weights.h5"))
+  for loaded in (keras.models.load_model(p("m.keras")), weights,
+                 keras.models.load_model(p("f.keras"))):
+    for a, b in zip(loaded.weights, kept):
+      np.testing.assert_array_equal(a.numpy(), b)
+  new = keras.models.load_model(p("new.keras"))
+  np.testing.assert_array_equal(new.weights[0].numpy(), m.weights[0].numpy())
+  assert sorted(os.listdir(workdir)) == ["f.keras", "m.keras",
+                                         "m.weights.h5", "new.keras"]
+  ops.barrier()
+
+
 def _own_model(value):
   """A model outside any MPIStrategy whose weights are all `value`."""
   m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)],
