@@ -288,6 +288,8 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
       # the end.
       distributed._cardinality = tf.data.UNKNOWN_CARDINALITY  # pylint: disable=protected-access
       distributed._enable_get_next_as_optional = True  # pylint: disable=protected-access
+    if self._num_workers > 1:
+      _warn_if_fillers_lack_rank(distributed)
     return distributed
 
   def _distribute_datasets_from_function(self, dataset_fn, options):
@@ -320,6 +322,8 @@ class MPIExtended(_tfp.CollectiveAllReduceExtended):
           options=plain)
     if self._num_workers > 1 and tf.executing_eagerly():
       _agree_on_cardinality(dataset)
+    if self._num_workers > 1:
+      _warn_if_fillers_lack_rank(dataset)
     return dataset
 
   def _plain_iterator_options(self, options):
@@ -916,6 +920,36 @@ def _warn_if_order_may_differ(dataset):
         "part of the same global batches: rows would be lost and repeated. "
         "Make it deterministic, or give each rank its own data with "
         "distribute_datasets_from_function.", ", ".join(sorted(set(loose))))
+
+
+def _warn_if_fillers_lack_rank(distributed):
+  """Warns where a rank out of data would get a scalar for its batch.
+
+  A rank whose data ends before the others' gets, in TF's input code (as
+  under MultiWorkerMirroredStrategy), a batch of 0 rows shaped like the
+  dataset's elements; for an element of unknown rank that is a scalar,
+  which the rank's model and `strategy.gather` reject with errors that do
+  not say why (a `parse_tensor`, a `py_function`).
+  """
+  if not getattr(distributed, "_enable_get_next_as_optional", False):
+    return  # every rank gets every step's data
+  try:
+    # PerReplicaSpec and the like: their components' specs.
+    specs = tf.nest.flatten(distributed.element_spec, expand_composites=True)
+  except (AttributeError, TypeError, ValueError):
+    return
+  unknown = [s for s in specs
+             if isinstance(s, tf.TensorSpec) and s.shape.rank is None]
+  if not unknown or "unknown_rank" in _LOGGED:
+    return
+  _LOGGED.add("unknown_rank")
+  tf.get_logger().warning(
+      "MPIStrategy: the dataset's elements include a tensor of unknown rank "
+      "(%s). A rank whose data runs out before the others' gets a batch of 0 "
+      "rows in its place, and for a tensor of unknown rank that is a scalar, "
+      "which a model or strategy.gather cannot take. Give the elements a "
+      "known rank before batching, e.g. dataset.map(lambda x: "
+      "tf.ensure_shape(x, [None, None])) for matrices.", unknown[0])
 
 
 # Transformations whose `_batch_size` is the size of the batches they make.

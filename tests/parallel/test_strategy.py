@@ -19,6 +19,7 @@ from tensorflow.python.distribute import multi_worker_util  # pylint: disable=g-
 import mpistrategy
 from mpistrategy import ops
 from mpistrategy import runtime
+from mpistrategy import strategy as strategy_lib
 from mpistrategy.cross_device_ops import MPIAllReduce, NcclAllReduce
 from mpistrategy.strategy import MPIStrategy
 
@@ -346,6 +347,34 @@ def test_an_order_that_may_differ_per_rank_gets_a_warning(strategy, caplog):
       (base.batch(2 * N).with_options(loose), True),
       (base.map(lambda x: x, num_parallel_calls=2).batch(2 * N), False)):
     assert _warns(strategy, caplog, dataset, "another order") == warns
+
+
+@pytest.mark.timeout(120)
+def test_elements_of_unknown_rank_get_a_warning(strategy, caplog):
+  # A rank whose data runs out first gets a batch of 0 rows shaped like the
+  # elements (TF's input code): for an element of unknown rank a scalar,
+  # which its gather or model rejected with an error that did not say why.
+  if N == 1:
+    pytest.skip("one rank never runs out before the others")
+  unknown = tf.data.Dataset.range(2 * N + 1).map(
+      lambda i: tf.io.parse_tensor(
+          tf.io.serialize_tensor(tf.fill([2], tf.cast(i, tf.float32))),
+          tf.float32))
+  known = unknown.map(lambda x: tf.ensure_shape(x, [None]))
+  for dataset, warns in ((unknown.batch(2 * N), True),
+                         (known.batch(2 * N), False)):
+    strategy_lib._LOGGED.discard("unknown_rank")  # pylint: disable=protected-access
+    assert _warns(strategy, caplog, dataset, "unknown rank") == warns
+  strategy_lib._LOGGED.discard("unknown_rank")  # pylint: disable=protected-access
+  caplog.clear()
+  with caplog.at_level("WARNING", logger="tensorflow"):
+    strategy.distribute_datasets_from_function(
+        lambda unused_context: unknown.batch(2))
+  assert any("ensure_shape" in r.message for r in caplog.records)
+  # With a known rank, the last step's ranks without rows give 0 rows.
+  rows = [int(strategy.gather(x, axis=0).shape[0])
+          for x in strategy.experimental_distribute_dataset(known.batch(2 * N))]
+  assert rows == [2 * N, 1]
 
 
 @pytest.mark.timeout(120)
