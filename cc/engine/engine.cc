@@ -557,6 +557,7 @@ class Engine::Impl {
     return mpistrategy::DescribeRank(rank, peers_);
   }
   Status WaitForPeers(std::vector<PeerInfo>* peers) const;
+  Status WaitUntilStarted() const;
 
   const EngineConfig config_;
   const std::unique_ptr<Transport> transport_;
@@ -645,8 +646,10 @@ class Engine::Impl {
   // ---- shared, guarded by mu_ ------------------------------------------
   mutable std::mutex mu_;
   std::condition_variable wake_cv_;     // engine thread waits here
-  // Abort and WaitForPeers wait here.
+  // Abort, WaitForPeers and WaitUntilStarted wait here.
   mutable std::condition_variable stopped_cv_;
+  // The loop runs collectives: startup agreed, the host plane set up.
+  bool started_ = false;
   std::vector<PendingEntry> incoming_;
   std::unordered_set<std::string> in_flight_;
   bool shutdown_requested_ = false;
@@ -911,6 +914,15 @@ Status Engine::Impl::WaitForPeers(std::vector<PeerInfo>* peers) const {
   return Status::Ok();
 }
 
+Status Engine::Impl::WaitUntilStarted() const {
+  std::unique_lock<std::mutex> lock(mu_);
+  stopped_cv_.wait(lock, [this] { return started_ || loop_ended_; });
+  if (!started_) {
+    return Status(sticky_code_, "mpistrategy: the engine " + sticky_suffix_);
+  }
+  return Status::Ok();
+}
+
 Status Engine::Impl::StickyStatusFor(const std::string& name) const {
   return Status(sticky_code_,
                 "mpistrategy: collective \"" + name + "\" " + sticky_suffix_);
@@ -954,6 +966,11 @@ void Engine::Impl::Loop() {
         std::lock_guard<std::mutex> cycle(cycle_mu_);
         cycling_ = true;
       }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        started_ = true;
+      }
+      stopped_cv_.notify_all();
       bool go_on = true;
       std::vector<FinishedEntry> finished;
       while (go_on && WaitForWork()) {
@@ -1705,6 +1722,8 @@ std::string Engine::DescribeRank(int rank) const {
 Status Engine::WaitForPeers(std::vector<PeerInfo>* peers) const {
   return impl_->WaitForPeers(peers);
 }
+
+Status Engine::WaitUntilStarted() const { return impl_->WaitUntilStarted(); }
 EngineStats Engine::stats() const { return impl_->stats(); }
 TunedParameters Engine::tuned_parameters() const {
   return impl_->tuned_parameters();

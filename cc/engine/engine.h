@@ -194,6 +194,11 @@ class Engine {
   // `peers` with every rank's host and pid, or returns the error that
   // stopped this engine first.
   Status WaitForPeers(std::vector<PeerInfo>* peers) const;
+  // Thread-safe; blocks until the engine runs collectives (startup agreed,
+  // the host data plane set up), or returns the error that stopped it
+  // first, so that a failed start fails `init` rather than the first
+  // collective.
+  Status WaitUntilStarted() const;
 
   // Thread-safe snapshot of the counters.
   EngineStats stats() const;

@@ -112,10 +112,16 @@ Status EngineHolder::Init(const EngineConfig& config,
   std::unique_ptr<Engine> engine;
   MPISTRATEGY_RETURN_IF_ERROR(Engine::Create(
       config, std::move(transport), &engine, std::move(on_peer_timeout)));
-  std::lock_guard<std::mutex> lock(mu_);
-  engine_ = std::move(engine);
-  owner_pid_ = static_cast<int64_t>(getpid());
-  return Status::Ok();
+  const Engine* started = engine.get();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    engine_ = std::move(engine);
+    owner_pid_ = static_cast<int64_t>(getpid());
+  }
+  // A start that failed on any rank (a shared-memory segment that does not
+  // fit) fails init on every rank.  The engine stays held, stopped: its
+  // collectives fail with the same error until the next Init replaces it.
+  return started->WaitUntilStarted();
 }
 
 void EngineHolder::Shutdown() {

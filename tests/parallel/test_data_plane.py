@@ -114,12 +114,21 @@ def test_auto_falls_back_to_mpi_and_logs_why_once(capfd):
 
 
 def test_shm_that_cannot_be_used_fails_on_every_rank():
-  _restart(data_plane="shm", shm_bytes=HUGE)
-  with pytest.raises(tf.errors.FailedPreconditionError,
-                     match=r'data_plane is "shm" but shared memory cannot '
-                     r"carry this job's CPU tensors: /dev/shm has \d+ bytes "
-                     r"free, the segment needs"):
-    ops.allreduce(tf.ones([5]))
+  # At init, as documented, not at the first collective (minutes later).
+  cannot = (r'data_plane is "shm" but shared memory cannot carry this '
+            r"job's CPU tensors: /dev/shm has \d+ bytes free, the segment "
+            r"needs")
+  with pytest.raises(tf.errors.FailedPreconditionError, match=cannot):
+    _restart(data_plane="shm", shm_bytes=HUGE)
+  # The same from the environment, where the first collective starts it.
+  mpistrategy.shutdown()
+  os.environ["MPISTRATEGY_DATA_PLANE"] = "shm"
+  os.environ["MPISTRATEGY_SHM_BYTES"] = str(HUGE)
+  try:
+    with pytest.raises(tf.errors.FailedPreconditionError, match=cannot):
+      ops.allreduce(tf.ones([5]))
+  finally:
+    del os.environ["MPISTRATEGY_DATA_PLANE"], os.environ["MPISTRATEGY_SHM_BYTES"]
 
 
 @pytest.mark.parametrize("field,first,others,shown", [
@@ -130,12 +139,11 @@ def test_ranks_that_disagree_on_the_data_plane_fail_on_every_rank(
     field, first, others, shown):
   # Each would set up its planes with different collectives (a hang, or
   # calls matched to the wrong ones).
-  _restart(**{field: first if RANK == 0 else others})
   with pytest.raises(tf.errors.FailedPreconditionError,
                      match=f"ranks disagree on {field} \\({shown}\\); set "
                      f"MPISTRATEGY_{field.upper()} \\(or Options.{field}\\) "
                      "alike on every rank"):
-    ops.allreduce(tf.ones([5]))
+    _restart(**{field: first if RANK == 0 else others})
   # What waits for the ranks' start-up exchange (the strategy's cluster
   # spec) gets the same error instead of waiting forever.
   with pytest.raises(tf.errors.FailedPreconditionError,
