@@ -11,7 +11,9 @@
 
 #include <mpi.h>
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -124,20 +126,38 @@ pid_t FindOpenMpiLauncher(std::string* name) {
   return -1;
 }
 
+// The launcher reaper's program: $1 the launcher's pid, $2 the grace in
+// seconds, $3 the note printed before ending it.
+constexpr char kReaperScript[] =
+    "i=0; while [ \"$i\" -lt \"$2\" ]; do sleep 1; "
+    "kill -0 \"$1\" 2>/dev/null || exit 0; i=$((i + 1)); done; "
+    "printf '%s' \"$3\" >&2; kill -TERM \"$1\" 2>/dev/null; sleep 2; "
+    "kill -KILL \"$1\" 2>/dev/null; exit 0";
+
 void ArmLauncherReaper() {
   std::string name;
   const pid_t launcher = FindOpenMpiLauncher(&name);
   if (launcher <= 1) return;
-  char note[256];
-  const int note_length = std::snprintf(
-      note, sizeof(note),
-      "[mpistrategy] %s (pid %ld) still runs %u s after MPI_Abort (a host it "
-      "waits for is unreachable?): ending it\n",
-      name.c_str(), static_cast<long>(launcher), kLauncherGraceSeconds);
-  // Only async-signal-safe calls after fork() in this multi-threaded
-  // process.  The double fork detaches the watcher from this rank (not a
-  // zombie of ours; its own session, so signals to the job's process group
-  // do not reach it).
+  // Everything the child needs is made before fork(): only
+  // async-signal-safe calls after it in this multi-threaded process.
+  const std::string pid_text = std::to_string(static_cast<long>(launcher));
+  const std::string grace_text = std::to_string(kLauncherGraceSeconds);
+  const std::string note =
+      "[mpistrategy] " + name + " (pid " + pid_text + ") still runs " +
+      grace_text + " s after MPI_Abort (a host it waits for is "
+      "unreachable?): ending it\n";
+  char* const argv[] = {const_cast<char*>("sh"), const_cast<char*>("-c"),
+                        const_cast<char*>(kReaperScript),
+                        const_cast<char*>("mpistrategy-launcher-reaper"),
+                        const_cast<char*>(pid_text.c_str()),
+                        const_cast<char*>(grace_text.c_str()),
+                        const_cast<char*>(note.c_str()), nullptr};
+  // The double fork detaches the watcher from this rank (not a zombie of
+  // ours; its own session, so signals to the job's process group do not
+  // reach it).  It runs a shell rather than staying a copy of this rank:
+  // a copy kept the rank's MPI sockets and shared-memory mappings (Open
+  // MPI's vader segments) alive, so that mpistrategyrun's clean-up saw
+  // them mapped and left them in /dev/shm.
   const pid_t child = fork();
   if (child != 0) {
     if (child > 0) waitpid(child, nullptr, 0);
@@ -145,18 +165,17 @@ void ArmLauncherReaper() {
   }
   setsid();
   if (fork() != 0) _exit(0);
-  for (unsigned waited = 0; waited < kLauncherGraceSeconds; ++waited) {
-    sleep(1);
-    if (kill(launcher, 0) != 0) _exit(0);  // the job ended normally
+  // Only stderr (for the note) stays open.
+  const int devnull = open("/dev/null", O_RDWR);
+  if (devnull >= 0) {
+    dup2(devnull, STDIN_FILENO);
+    dup2(devnull, STDOUT_FILENO);
   }
-  if (note_length > 0) {
-    (void)!write(STDERR_FILENO, note,
-                 std::min<size_t>(note_length, sizeof(note) - 1));
+  if (syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
+    for (int fd = 3; fd < 65536; ++fd) close(fd);
   }
-  kill(launcher, SIGTERM);
-  sleep(2);
-  kill(launcher, SIGKILL);
-  _exit(0);
+  execv("/bin/sh", argv);
+  _exit(0);  // no shell: the launcher is left to mpirun's own handling
 }
 
 // The engine's PeerTimeoutHandler: the engine has failed this rank's

@@ -9,11 +9,13 @@ number of ranks from -H (issue #14 item 5).
 """
 
 import json
+import os
 import time
 
 import pytest
 
 from conftest import describe_hosts
+from conftest import wait_hosts_empty
 
 SIZE = 4
 TIMEOUT = 240
@@ -104,3 +106,34 @@ def test_lost_host_restart_goes_on_with_fewer_ranks(cluster, launcher_job,
   assert left is None, "processes outlived the job:\n" + left
   print(f"hostb lost after step {LOST_STEP}; resumed at step {step} on "
         f"hosta:2; whole job {job.elapsed:.1f} s")
+
+
+@pytest.mark.timeout(TIMEOUT + 60)
+def test_a_cut_off_host_leaves_no_segments_on_the_launchers_host(
+    cluster, launcher_job):
+  """hostb's link goes down mid-training: the job ends on the peer timeout.
+
+  The launcher then removes the segments Open MPI left in hosta's
+  /dev/shm that no live process maps.  A watcher each rank forks at the
+  peer timeout (to end a stuck mpirun) was a copy of the rank: it kept
+  those segments mapped past the launcher's clean-up, and they stayed.
+  """
+  shm = cluster.shm_dir("hosta")
+  before = set(os.listdir(shm))
+  job = launcher_job(["-H", "hosta:2,hostb:2", "--peer-timeout-seconds",
+                      "10"], ["--part", "train", "--seconds", "120"],
+                     timeout=TIMEOUT)
+  if not job.wait_for("PROGRESS", range(SIZE), TIMEOUT / 2):
+    job.kill()
+    job.wait()
+    pytest.fail("the job did not start training on every rank\n"
+                + job.describe())
+  cluster.set_link("hostb", False)
+  job.wait()
+  assert not job.timed_out, "the job hung\n" + job.describe()
+  assert job.returncode != 0, job.describe()
+  # The watchers end the cut-off host's daemon, then themselves.
+  assert wait_hosts_empty(cluster, time.time() + 15), describe_hosts(cluster)
+  left = sorted(n for n in set(os.listdir(shm)) - before
+                if n.startswith("vader_segment."))
+  assert not left, f"left in hosta's /dev/shm: {left}\n" + job.describe()

@@ -128,7 +128,8 @@ def test_shm_that_cannot_be_used_fails_on_every_rank():
     with pytest.raises(tf.errors.FailedPreconditionError, match=cannot):
       ops.allreduce(tf.ones([5]))
   finally:
-    del os.environ["MPISTRATEGY_DATA_PLANE"], os.environ["MPISTRATEGY_SHM_BYTES"]
+    del os.environ["MPISTRATEGY_DATA_PLANE"]
+    del os.environ["MPISTRATEGY_SHM_BYTES"]
 
 
 @pytest.mark.parametrize("field,first,others,shown", [
