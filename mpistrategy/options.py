@@ -74,8 +74,19 @@ _FALSE = ("0", "false", "no", "off")
 
 
 def _horovod_bool(text):
-  # Horovod's reading: anything but empty or "0" turns the feature on.
-  return text.strip() not in ("", "0")
+  """A HOROVOD_* switch: Horovod's integers (above 0 is on) or the words.
+
+  Horovod reads these with strtol, so "false" is off there; "true" too,
+  which no user means.  Anything else is refused, not read as on.
+  """
+  word = text.strip().lower()
+  if word in _TRUE or word in _FALSE:
+    return word in _TRUE
+  try:
+    return int(word) > 0
+  except ValueError:
+    raise ValueError("accepted values are an integer (above 0 is on) or "
+                     f"{'/'.join(_TRUE)} and {'/'.join(_FALSE)}") from None
 
 
 # Horovod's environment variables that have an Options field, as
@@ -115,9 +126,10 @@ def _horovod_changes(environ):
       continue
     try:
       changes[name] = (variable, parse(text))
-    except ValueError:
+    except ValueError as error:
+      why = f"; {error}" if parse is _horovod_bool else ""
       raise ValueError(f"environment variable {variable}={text!r} is not a "
-                       f"valid Options.{name}") from None
+                       f"valid Options.{name}{why}") from None
   return changes
 
 

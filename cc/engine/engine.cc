@@ -435,10 +435,18 @@ std::string DisagreementMessage(const std::string& line0,
     const std::string key = mine[i].substr(0, eq);
     std::string env = "MPISTRATEGY_" + key;
     for (char& c : env) c = static_cast<char>(std::toupper(c));
+    // The Horovod layer reads these from Horovod's variables too.
+    std::string horovod;
+    if (key == "cache_capacity") horovod = "HOROVOD_CACHE_CAPACITY";
+    if (key == "hierarchical_allreduce") {
+      horovod = "HOROVOD_HIERARCHICAL_ALLREDUCE";
+    }
     return "ranks disagree on " + key + " (rank 0: " + mine[i].substr(eq + 1) +
            ", rank " + std::to_string(rank) + ": " +
            theirs[i].substr(theirs[i].find('=') + 1) + "); set " + env +
-           " (or Options." + key + ") alike on every rank";
+           " (or Options." + key +
+           (horovod.empty() ? "" : ", or " + horovod + " with hvd") +
+           ") alike on every rank";
   }
   return "ranks disagree on their settings (rank 0: " + line0 + ", rank " +
          std::to_string(rank) + ": " + line + ")";

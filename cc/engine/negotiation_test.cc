@@ -973,8 +973,8 @@ TEST(Negotiation, RanksMustAgreeOnSharedSettings) {
   const std::vector<Case> cases = {
       {[](EngineConfig* c) { c->cache_capacity = 0; },
        "ranks disagree on cache_capacity (rank 0: 1024, rank 1: 0); set "
-       "MPISTRATEGY_CACHE_CAPACITY (or Options.cache_capacity) alike on "
-       "every rank"},
+       "MPISTRATEGY_CACHE_CAPACITY (or Options.cache_capacity, or "
+       "HOROVOD_CACHE_CAPACITY with hvd) alike on every rank"},
       {[](EngineConfig* c) { c->data_plane = HostDataPlane::kShm; },
        "ranks disagree on data_plane (rank 0: mpi, rank 1: shm); set "
        "MPISTRATEGY_DATA_PLANE (or Options.data_plane) alike on every rank"},
@@ -1008,6 +1008,10 @@ TEST(Negotiation, RanksMustAgreeOnSharedSettings) {
       EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
       EXPECT_TRUE(Contains(s.message(), test.want)) << s.message();
       EXPECT_TRUE(peers.empty());
+      // As does what waits for the engine to start (init).
+      s = engines[rank]->WaitUntilStarted();
+      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+      EXPECT_TRUE(Contains(s.message(), test.want)) << s.message();
     });
   }
 }
@@ -1033,6 +1037,8 @@ TEST(Negotiation, WaitForPeersGivesEveryRanksHost) {
       EXPECT_EQ(peers[r].host, "host" + std::to_string(r / 2));
       EXPECT_EQ(peers[r].pid, 1000 + r);
     }
+    s = engines[rank]->WaitUntilStarted();
+    EXPECT_TRUE(s.ok()) << s.ToString();
   });
 }
 

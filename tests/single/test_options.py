@@ -238,6 +238,19 @@ def test_horovod_variables_count_once_the_horovod_layer_says_so(monkeypatch):
   assert o.fusion_threshold_bytes == 1000000 and o.autotune
   assert o.cycle_time_ms == 2.5  # MPISTRATEGY_* wins
   assert not Options.from_env(environ={"HOROVOD_AUTOTUNE": "0"}).autotune
+  # Switches: Horovod's integers, and the words.  "false" turned
+  # autotuning on (anything but "0" did).
+  for variable, field in (("HOROVOD_AUTOTUNE", "autotune"),
+                          ("HOROVOD_HIERARCHICAL_ALLREDUCE",
+                           "hierarchical_allreduce")):
+    for text, on in (("1", True), ("2", True), ("true", True), ("On", True),
+                     ("0", False), ("-1", False), ("false", False),
+                     ("off", False), ("no", False)):
+      got = getattr(Options.from_env(environ={variable: text}), field)
+      assert got == on, (variable, text)
+    with pytest.raises(ValueError, match=rf"{variable}='maybe' is not a valid "
+                       rf"Options.{field}; accepted values are an integer"):
+      Options.from_env(environ={variable: "maybe"})
   with pytest.raises(ValueError, match=r"HOROVOD_FUSION_THRESHOLD='lots' is "
                      r"not a valid Options.fusion_threshold_bytes"):
     Options.from_env(environ={"HOROVOD_FUSION_THRESHOLD": "lots"})
