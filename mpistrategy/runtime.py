@@ -307,7 +307,9 @@ def start_timeline(path):
   Raises:
     ValueError: `path` is empty or cannot be opened for writing (the
       message names the file and the OS error); the previous timeline, if
-      any, goes on.
+      any, goes on.  Only a rank that opens a file can find that out: for
+      a path without "{rank}" that is rank 0, and the others stop their
+      own timelines as for any such path.
     tf.errors.FailedPreconditionError: the engine has stopped.
   """
   path = os.fspath(path)

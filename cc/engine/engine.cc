@@ -1621,8 +1621,12 @@ Status OpenEngineFiles(const EngineConfig& config, int rank,
                        std::unique_ptr<Timeline>* timeline,
                        std::FILE** autotune_log) {
   MPISTRATEGY_RETURN_IF_ERROR(config.Validate());
-  MPISTRATEGY_RETURN_IF_ERROR(
-      OpenTimeline(config.timeline_path, rank, me, timeline));
+  const Status opened = OpenTimeline(config.timeline_path, rank, me, timeline);
+  if (!opened.ok()) {
+    // Named as the user sets it (start_timeline's error names that call).
+    return Status(opened.code(), "Options.timeline (MPISTRATEGY_TIMELINE): " +
+                                     opened.message());
+  }
   // Rank 0 appends the autotuner's CSV log (header first when new).
   if (config.autotune && !config.autotune_log.empty() && rank == 0) {
     *autotune_log = std::fopen(config.autotune_log.c_str(), "a");

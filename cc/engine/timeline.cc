@@ -117,9 +117,8 @@ Status Timeline::Open(const std::string& file, int rank,
   if (out == nullptr) {
     const int error = errno;
     return Status::InvalidArgument(
-        "Options.timeline (MPISTRATEGY_TIMELINE): cannot open the timeline "
-        "file \"" +
-        file + "\" for writing: " + std::generic_category().message(error));
+        "cannot open the timeline file \"" + file + "\" for writing: " +
+        std::generic_category().message(error));
   }
   timeline->reset(new Timeline(out, file, rank, options));
   return Status::Ok();
