@@ -185,6 +185,15 @@ def shutdown():
 
 def _shutdown_at_exit():
   try:
+    lib = _library.loaded()
+    if (lib is not None and lib.c.mpistrategy_is_initialized() and
+        lib.c.mpistrategy_size() > 1):
+      # Collectives other ranks still wait in fail naming this exit, not a
+      # plain "shut down" (which a shutdown() call also gives).
+      me = _describe_rank(lib, lib.c.mpistrategy_rank())
+      reason = (f"{me} exited (its script ended, or called sys.exit) "
+                "before the other ranks")
+      lib.c.mpistrategy_abort(reason.encode(errors="replace"), 0.0)
     shutdown()
   except Exception:  # pylint: disable=broad-except
     pass  # interpreter teardown: nothing sensible left to report to
