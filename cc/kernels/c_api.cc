@@ -249,6 +249,9 @@ int mpistrategy_init(const char* config_text, size_t config_length,
     mpistrategy::CopyMessage(status.message(), error_buf, error_len);
     return static_cast<int>(status.code());
   }
+  // MPI_Init (first start) and MPI_Finalize (at exit) wait for every rank
+  // outside the engine; they say so after the engine's stall warning time.
+  mpistrategy::SetMpiWaitNoticeSeconds(config.stall_warning_seconds);
   status = mpistrategy::EngineHolder::Instance().Init(
       config, mpistrategy::CreateWorldTransport,
       mpistrategy::EndJobAfterPeerTimeout);

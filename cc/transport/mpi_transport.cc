@@ -4,7 +4,11 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <string>
 #include <thread>
 
 #include "cc/common/checks.h"
@@ -129,7 +133,65 @@ Status CheckIntRange(int64_t v, const char* what) {
   return Status::Ok();
 }
 
+std::atomic<double> g_mpi_wait_notice_seconds{60.0};
+
+// While alive, logs that `call` still waits for the other ranks after
+// g_mpi_wait_notice_seconds, then at each doubling of the wait.
+class MpiWaitNotice {
+ public:
+  MpiWaitNotice(std::string call, std::string cause)
+      : call_(std::move(call)), cause_(std::move(cause)) {
+    const double first = g_mpi_wait_notice_seconds.load();
+    if (first > 0) thread_ = std::thread([this, first] { Run(first); });
+  }
+  ~MpiWaitNotice() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void Run(double first) {
+    const auto start = std::chrono::steady_clock::now();
+    std::unique_lock<std::mutex> lock(mu_);
+    for (double at = first;; at *= 2) {
+      if (cv_.wait_until(lock,
+                         start + std::chrono::duration_cast<
+                                     std::chrono::steady_clock::duration>(
+                                     std::chrono::duration<double>(at)),
+                         [this] { return done_; })) {
+        return;
+      }
+      char host[256] = "?";
+      gethostname(host, sizeof(host) - 1);
+      const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+      if (rank == nullptr) rank = std::getenv("PMI_RANK");
+      if (rank == nullptr) rank = std::getenv("SLURM_PROCID");
+      LogLine(std::string("rank ") + (rank != nullptr ? rank : "?") +
+                  " (host " + host + ", pid " + std::to_string(getpid()) +
+                  ")",
+              "has waited " + std::to_string(static_cast<int64_t>(at)) +
+                  " s in " + call_ + " for the other ranks " + cause_ +
+                  "; mpistrategy's peer timeout does not cover this wait");
+    }
+  }
+
+  const std::string call_;
+  const std::string cause_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
 }  // namespace
+
+void SetMpiWaitNoticeSeconds(double seconds) {
+  g_mpi_wait_notice_seconds.store(seconds);
+}
 
 Status EnsureMpiInitialized(bool* we_initialized, int* provided_level) {
   *we_initialized = false;
@@ -144,6 +206,8 @@ Status EnsureMpiInitialized(bool* we_initialized, int* provided_level) {
   MPISTRATEGY_MPI_CHECK(MPI_Initialized(&initialized), "MPI_Initialized");
   int provided = 0;
   if (!initialized) {
+    MpiWaitNotice notice("MPI_Init",
+                         "to start (a rank frozen or still importing?)");
     MPISTRATEGY_MPI_CHECK(
         MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided),
         "MPI_Init_thread");
@@ -162,7 +226,11 @@ void FinalizeMpiIfWeInitialized() {
   if (!g_we_initialized_mpi.exchange(false)) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (!finalized) {
+    MpiWaitNotice notice("MPI_Finalize at exit",
+                         "to end (a rank frozen, or still working?)");
+    MPI_Finalize();
+  }
 }
 
 Status MpiTransport::Create(MPI_Comm parent, std::unique_ptr<Transport>* out) {

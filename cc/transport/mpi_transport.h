@@ -35,6 +35,13 @@ Status EnsureMpiInitialized(bool* we_initialized,
 // and MPI is not finalized yet.  Destroy every MpiTransport first.
 void FinalizeMpiIfWeInitialized();
 
+// MPI_Init and MPI_Finalize wait for every rank, without a deadline, before
+// the engine's peer timeout runs or after it stopped: a rank frozen then
+// (importing, at exit) holds the others silently.  The two calls above log
+// a line after `seconds` of waiting there, and again at each doubling (0:
+// never).  The engine's stall_warning_seconds; 60 until set.
+void SetMpiWaitNoticeSeconds(double seconds);
+
 class MpiTransport : public Transport {
  public:
   // Duplicates `parent` (MPI must be initialised), sets MPI_ERRORS_RETURN on
