@@ -106,8 +106,8 @@ def _init(options, restart_stopped):
   """`init`; with `restart_stopped=False` a running engine is kept as it is.
 
   The library's own calls (the strategy, its cross-device ops) use False:
-  their engine may have stopped because another rank failed to start, and
-  a new start would wait for that rank forever; and an engine the user
+  their engine may have stopped because another rank raised or shut down,
+  and a new start would wait for that rank forever; and an engine the user
   started with `init(options)` must not be compared with the defaults.
   """
   if options is not None and not isinstance(options, Options):
