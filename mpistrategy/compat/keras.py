@@ -528,6 +528,30 @@ def _peer_raised(error):
   return bool(_PEER_RAISED.search(getattr(error, "message", "") or ""))
 
 
+_TRAINED_ALONE = set()
+
+
+def _warn_if_trained_alone(model, rank):
+  """Warns once where `fit` trains a model that no MPIStrategy distributes.
+
+  A model built and compiled outside `strategy.scope()` trains on each
+  rank's own data with nothing averaged, as in one process per rank; the
+  ranks' weights part ways without an error.
+  """
+  if mpi_world_size(getattr(model, "distribute_strategy", None)) > 1:
+    return
+  name = getattr(model, "name", type(model).__name__)
+  if name in _TRAINED_ALONE:
+    return
+  _TRAINED_ALONE.add(name)
+  if rank == 0:
+    tf.get_logger().warning(
+        "MPIStrategy: Model.fit of model %r, which was built outside "
+        "strategy.scope(), trains it on each rank alone: no gradient is "
+        "averaged across ranks, and their weights part ways. Build and "
+        "compile the model inside `with strategy.scope():`.", name)
+
+
 def patch_entry_points(rank):
   from mpistrategy.ops import _naming
   for module_name, class_name, label, methods in _ENTRY_POINTS:
@@ -540,6 +564,8 @@ def patch_entry_points(rank):
 
       def wrapper(self, *args, __original=original, __entry=entry, **kwargs):
         outermost = not _naming.entry_points()
+        if outermost and __entry == "Model.fit" and _world_size() > 1:
+          _warn_if_trained_alone(self, rank)
         with _naming.entry_point(__entry):
           try:
             return __original(self, *args, **kwargs)

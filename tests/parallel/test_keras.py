@@ -710,3 +710,25 @@ def test_progress_bar_only_on_rank_0(strategy, digits, capsys):
     assert "loss" in out
   else:
     assert "loss" not in out, out
+
+
+@pytest.mark.timeout(120)
+def test_fit_of_a_model_built_outside_the_scope_warns(strategy, caplog):
+  # It trains on each rank's own data alone, nothing averaged: the ranks'
+  # weights parted ways without a word.
+  del strategy  # created: the patches are in place
+  x = np.ones([8, 3], np.float32)
+  y = np.ones([8, 1], np.float32)
+  caplog.clear()
+  with caplog.at_level("WARNING", logger="tensorflow"):
+    alone = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)],
+                             name="built_outside_the_scope")
+    alone.compile(optimizer="sgd", loss="mse")
+    alone.fit(x, y, epochs=1, verbose=0)
+  warned = [r.message for r in caplog.records
+            if "built_outside_the_scope" in r.message]
+  assert len(warned) == (1 if mpistrategy.rank() == 0 and
+                         mpistrategy.size() > 1 else 0), warned
+  if warned:
+    assert "trains it on each rank alone" in warned[0]
+    assert "inside `with strategy.scope():`" in warned[0]
