@@ -154,8 +154,23 @@ class MpiWaitNotice {
   }
 
  private:
+  // "rank N (host H, pid P)" as the engine names ranks, with the rank the
+  // launcher announced (MPI cannot be asked while it is starting); the same
+  // variables as mpistrategy/_output.py's rank_from_env.
+  static std::string DescribeThisProcess() {
+    const char* rank = nullptr;
+    for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK",
+                             "SLURM_PROCID"}) {
+      if ((rank = std::getenv(name)) != nullptr) break;
+    }
+    const PeerInfo me = LocalPeerInfo();
+    return std::string("rank ") + (rank != nullptr ? rank : "?") + " (host " +
+           me.host + ", pid " + std::to_string(me.pid) + ")";
+  }
+
   void Run(double first) {
     const auto start = std::chrono::steady_clock::now();
+    const std::string who = DescribeThisProcess();
     std::unique_lock<std::mutex> lock(mu_);
     for (double at = first;; at *= 2) {
       if (cv_.wait_until(lock,
@@ -165,14 +180,7 @@ class MpiWaitNotice {
                          [this] { return done_; })) {
         return;
       }
-      char host[256] = "?";
-      gethostname(host, sizeof(host) - 1);
-      const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-      if (rank == nullptr) rank = std::getenv("PMI_RANK");
-      if (rank == nullptr) rank = std::getenv("SLURM_PROCID");
-      LogLine(std::string("rank ") + (rank != nullptr ? rank : "?") +
-                  " (host " + host + ", pid " + std::to_string(getpid()) +
-                  ")",
+      LogLine(who,
               "has waited " + std::to_string(static_cast<int64_t>(at)) +
                   " s in " + call_ + " for the other ranks " + cause_ +
                   "; mpistrategy's peer timeout does not cover this wait");
