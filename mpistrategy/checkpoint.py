@@ -103,7 +103,11 @@ import tensorflow as tf
 
 from mpistrategy import _tf_private as _tfp
 
-_STATE = {"rank": 0, "size": 1, "scratch": None, "scratch_lock": None}
+# "rule": "chief" under MPIStrategy (rank 0 writes the user's paths, ranks
+# > 0 scratch copies, reads are collective); "own" under the Horovod layer
+# alone (every rank writes what it saves itself, reads are its own).
+_STATE = {"rank": 0, "size": 1, "rule": "chief", "scratch": None,
+          "scratch_lock": None}
 _SCRATCH_PREFIX = "mpistrategy-rank"
 _OWNER_FILE = ".owner"
 # Per thread: nesting depth of patched writes (only the outermost one
@@ -118,7 +122,16 @@ def _active():
 
 
 def _is_chief():
-  return _STATE["rank"] == 0
+  """True where this rank writes the paths the user gives itself.
+
+  Rank 0 under MPIStrategy; every rank under the Horovod layer alone.
+  """
+  return _STATE["rank"] == 0 or _STATE["rule"] == "own"
+
+
+def _collective_reads():
+  """True where reads of saved state take rank 0's files on every rank."""
+  return _active() and _STATE["rule"] == "chief"
 
 
 def _on_chief_host():
@@ -1208,7 +1221,7 @@ def patch_tf_checkpoint():
     return _unmirror(written)
 
   def read(self, save_path, options=None):
-    if not _active():
+    if not _collective_reads():
       return orig_read(self, save_path, options)
     _join_read("tf.train.Checkpoint.read/restore")
     # Rank 0 decides the path; its files are what every rank restores.
@@ -1277,7 +1290,7 @@ def patch_tf_checkpoint():
     return _users(self, orig_save(self, *args, **kwargs))
 
   def restore_or_initialize(self):
-    if not _active():
+    if not _collective_reads():
       return orig_roi(self)
     _join_read("tf.train.CheckpointManager.restore_or_initialize")
     # Rank 0's latest checkpoint decides the branch on every rank.
@@ -1639,7 +1652,7 @@ def patch_keras_model_saving():
   orig_load_weights = cls.load_weights
 
   def load_weights(self, filepath, *args, **kwargs):
-    if (not _active() or getattr(_LOCAL, "local_reads", False) or
+    if (not _collective_reads() or getattr(_LOCAL, "local_reads", False) or
         not _in_mpi_strategy(self)):
       return orig_load_weights(self, _read_path(filepath), *args, **kwargs)
     # Into mirrored variables: collective, rank 0's file on every rank.
@@ -1683,10 +1696,29 @@ def patch_keras_model_saving():
 
 
 def set_world(rank, size):
-  """Records the MPI world that the patches of this module act for.
+  """Records the MPI world that the patches of this module act for, under
+  MPIStrategy's rule (rank 0 writes, every rank reads rank 0's files).
 
   Args:
     rank: this process' MPI rank.
     size: the MPI world size (the largest one seen is kept).
   """
   _STATE["rank"], _STATE["size"] = rank, max(_STATE["size"], size)
+  _STATE["rule"] = "chief"
+
+
+def set_world_for_horovod(rank, size):
+  """Records the MPI world for the Horovod layer without MPIStrategy.
+
+  Every rank then writes the paths it saves to itself, as Horovod's plain
+  writes do, but atomically; reads are each rank's own.  Once MPIStrategy
+  has set its rule (`set_world`), that rule stays.
+
+  Args:
+    rank: this process' MPI rank.
+    size: the MPI world size.
+  """
+  if _active() and _STATE["rule"] == "chief":
+    return
+  _STATE["rank"], _STATE["size"] = rank, max(_STATE["size"], size)
+  _STATE["rule"] = "own"

@@ -5,7 +5,8 @@ of `_PATCHES` below, each once per process: the names of the applied ones
 are recorded in `_applied`, the one idempotence scheme (the patched
 functions carry no marks of their own).  The Horovod layer calls
 `install_for_horovod()` for the two Keras 2 spellings its users write and
-the loss-scale patch.
+the loss-scale patch, and `install_saving_for_horovod(rank, size)` at
+`hvd.init()` for atomic saves.
 
 Each entry says what upstream behaviour it changes and what upstream change
 would let it go; docs/DESIGN.md has the same inventory as a table.  The
@@ -160,6 +161,29 @@ def install_for_horovod():
   spellings of Horovod scripts, and the loss scale's agreement across ranks.
   """
   _apply(_KERAS2_SPELLINGS + (_LOSS_SCALE_PATCH,), rank=0, size=1)
+
+
+# What the Horovod layer alone takes of `_PATCHES` once `hvd.init()` knows
+# the world: atomic writes of whatever a rank saves (Horovod's own writes
+# are plain, so a rank killed or a disk filled during a save destroys the
+# last good file).  Not the rank-0 rule: Horovod scripts save and restore
+# on the ranks they choose.
+_HOROVOD_SAVING = ("tf.train.Checkpoint+CheckpointManager",
+                   "tf.saved_model.save+load", "keras.Model.save+load")
+
+
+def install_saving_for_horovod(rank, size):
+  """Makes saves atomic on every rank of a Horovod-layer job (idempotent).
+
+  Each rank writes the paths it saves itself, as under Horovod; under an
+  `MPIStrategy` (before or after) the strategy's rule applies instead.
+
+  Args:
+    rank: this process' MPI rank.
+    size: the MPI world size.
+  """
+  checkpoint.set_world_for_horovod(rank, size)
+  _apply([p for p in _PATCHES if p[0] in _HOROVOD_SAVING], rank, size)
 
 
 def applied():

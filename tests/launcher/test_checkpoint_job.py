@@ -9,8 +9,9 @@ Runs tests/launcher/scripts/checkpoint_job.py under mpirun.
   CheckpointManager, BackupAndRestore) the first copy must still load, with
   the first weights, and no temporary file may be left.  Uncaught (a
   ModelCheckpoint in fit()), the error ends the job on every rank, naming
-  rank 0 and errno 28.  Where mounting is not allowed the tests are skipped
-  with a message saying so.
+  rank 0 and errno 28.  The same on `mpistrategy.horovod` alone, where rank
+  0 saves by Horovod's habit.  Where mounting is not allowed the tests are
+  skipped with a message saying so.
 * Restoring on rank 0 only (the Horovod habit) while the others train: the
   engine sees rank 0's read and the others' training collectives crossed,
   so the job must end within seconds (far below the 120 s read timeout)
@@ -82,6 +83,33 @@ def test_full_file_system_keeps_the_previous_copy(launch, tmpfs, np_):
       assert all(e.text.endswith(" none") for e in job.events("ERROR", r))
     checks = job.events("CHECK", rank=0)
     assert len(checks) == 8, job.describe()
+    for e in checks:
+      assert "loads_previous=True" in e.text and "litter=[]" in e.text, (
+          e.text + "\n" + job.describe())
+  finally:
+    job.assert_no_leftovers()
+
+
+@pytest.mark.timeout(400)
+def test_full_file_system_keeps_the_previous_copy_on_the_horovod_layer(
+    launch, tmpfs):
+  # Horovod's habit (rank 0 saves, no MPIStrategy): Keras and TF write in
+  # place, so a failed write used to leave a truncated file and no copy.
+  kinds = ("save_weights,save,model_checkpoint,export,checkpoint_save,"
+           "checkpoint_write,manager")
+  job = launch("checkpoint_job.py", np=2, timeout=340,
+               args=["--mode", "enospc", "--layer", "horovod", "--dir", tmpfs,
+                     "--kinds", kinds])
+  try:
+    assert job.returncode == 0, job.describe()
+    errors = job.events("ERROR", rank=0)
+    assert len(errors) == 7, job.describe()
+    for e in errors:
+      kind, error = e.text.split(" ", 1)
+      assert _ERRNO_28.search(error) or "ResourceExhausted" in error, (
+          f"{kind}: rank 0's second write did not fail with ENOSPC: {error}")
+    checks = job.events("CHECK", rank=0)
+    assert len(checks) == 7, job.describe()
     for e in checks:
       assert "loads_previous=True" in e.text and "litter=[]" in e.text, (
           e.text + "\n" + job.describe())

@@ -298,6 +298,46 @@ def test_load_model_keeps_state_and_distributes():
     shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
+def test_every_rank_saving_one_path_leaves_one_ranks_whole_file():
+  # Without MPIStrategy each rank writes what it saves itself (Horovod's
+  # rule), and atomically: ranks saving one path at once used to fail in
+  # h5py's file lock or leave a .keras zip mixed from several writers.
+  model = _model(seed=RANK + 10)  # every rank's weights differ
+  model.compile(optimizer="sgd", loss="mse")
+  model.build((None, 5))
+  digests = hvd_tf.allgather_object(_digest(model.get_weights()))
+  directory = hvd_tf.broadcast_object(
+      tempfile.mkdtemp(prefix="hvd-save-") if RANK == 0 else None,
+      root_rank=0)
+  paths = {"keras": os.path.join(directory, "m.keras"),
+           "h5": os.path.join(directory, "m.weights.h5"),
+           "ckpt": os.path.join(directory, "ckpt")}
+  for _ in range(3):
+    hvd_tf.barrier()
+    model.save(paths["keras"])
+    model.save_weights(paths["h5"])
+    tf.train.Checkpoint(model=model).write(paths["ckpt"])
+  hvd_tf.barrier()
+  loaded = {"keras": keras.models.load_model(paths["keras"]).get_weights()}
+  other = _model(seed=0)
+  other.build((None, 5))
+  other.load_weights(paths["h5"])
+  loaded["h5"] = other.get_weights()
+  tf.train.Checkpoint(model=other).read(paths["ckpt"]).expect_partial()
+  loaded["ckpt"] = other.get_weights()
+  for kind, weights in loaded.items():
+    assert _digest(weights) in digests, kind
+  assert sorted(os.listdir(directory)) == [
+      "ckpt.data-00000-of-00001", "ckpt.index", "m.keras", "m.weights.h5"]
+  hvd_tf.barrier()
+  if RANK == 0:
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _digest(arrays):
+  return b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)
+
+
 def test_keras_unsupported():
   with pytest.raises(NotImplementedError, match="broadcast_variables"):
     hvd.broadcast_global_variables(0)
@@ -305,3 +345,26 @@ def test_keras_unsupported():
     hvd.callbacks.MetricAverageCallback(device="/gpu:0")
   with pytest.raises(NotImplementedError, match="Adasum"):
     hvd.DistributedOptimizer(keras.optimizers.SGD(), op=hvd.Adasum)
+  for op in (hvd.Min, hvd.Max, hvd.Product):  # Horovod refuses them too
+    with pytest.raises(ValueError, match="only supports Average and Sum"):
+      hvd.DistributedOptimizer(keras.optimizers.SGD(), op=op)
+  with pytest.raises(NotImplementedError, match="process set"):
+    hvd.add_process_set([0])
+  with pytest.raises(NotImplementedError, match="process set"):
+    hvd.remove_process_set(hvd.global_process_set)
+
+
+def test_keras_module_has_horovods_names():
+  # horovod.tensorflow.keras (0.28) exports these beside the collectives.
+  for name in ("init", "shutdown", "is_initialized", "start_timeline",
+               "stop_timeline", "size", "local_size", "cross_size", "rank",
+               "local_rank", "cross_rank", "mpi_threads_supported",
+               "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
+               "ProcessSet", "global_process_set", "add_process_set",
+               "remove_process_set", "nccl_built", "ddl_built", "ccl_built",
+               "cuda_built", "rocm_built", "Average", "Sum", "Compression",
+               "callbacks", "elastic", "DistributedOptimizer",
+               "broadcast_global_variables", "allreduce", "allgather",
+               "broadcast", "reducescatter", "load_model"):
+    assert hasattr(hvd, name), name
+  assert hvd.start_timeline is hvd_tf.start_timeline

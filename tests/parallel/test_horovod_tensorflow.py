@@ -64,6 +64,7 @@ def test_rank_size_and_topology():
     assert t.dtype == tf.int32 and int(t) == value
   assert int(hvd.process_set_included_op()) == 1
   assert hvd.global_process_set.size() == SIZE
+  assert hvd.global_process_set.ranks == list(range(SIZE))
 
 
 def test_build_queries():
@@ -550,6 +551,7 @@ def test_unsupported_features_raise():
       (hvd.remove_process_set, (None,), "process set"),
       (hvd.broadcast_global_variables, (0,), "broadcast_variables"),
       (hvd.SyncBatchNormalization, (), "synchronized=True"),
+      (hvd.BroadcastGlobalVariablesHook, (0,), "broadcast_variables"),
       (hvd.elastic.run, (lambda: None,), "elastic"),
       (hvd.elastic.TensorFlowKerasState, (None,), "elastic"),
       (hvd.init, (None, [hvd.ProcessSet([0])]), "process sets"),

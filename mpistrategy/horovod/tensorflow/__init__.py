@@ -96,6 +96,8 @@ from mpistrategy.horovod.tensorflow.gradients import PartialDistributedOptimizer
 from mpistrategy.horovod.tensorflow.unsupported import add_process_set
 from mpistrategy.horovod.tensorflow.unsupported import (
     broadcast_global_variables)
+from mpistrategy.horovod.tensorflow.unsupported import (
+    BroadcastGlobalVariablesHook)
 from mpistrategy.horovod.tensorflow.unsupported import elastic
 from mpistrategy.horovod.tensorflow.unsupported import remove_process_set
 from mpistrategy.horovod.tensorflow.unsupported import SyncBatchNormalization

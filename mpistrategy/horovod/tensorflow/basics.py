@@ -13,6 +13,7 @@ import threading
 import tensorflow as tf
 
 import mpistrategy
+from mpistrategy import compat
 from mpistrategy import ops
 from mpistrategy import options as options_lib
 from mpistrategy import runtime
@@ -76,6 +77,13 @@ class ProcessSet:
           f"process sets are not provided by mpistrategy.horovod (got a "
           f"ProcessSet of ranks {self._ranks}); every collective runs on all "
           "ranks: use hvd.global_process_set or leave process_set out")
+
+  @property
+  def ranks(self):
+    """The set's ranks: all ranks for the global set ([] before init())."""
+    if self._ranks is not None:
+      return list(self._ranks)
+    return list(range(size())) if is_initialized() else []
 
   def size(self):
     self._check()
@@ -166,6 +174,8 @@ def init(comm=None, process_sets=None):
           "by mpistrategy.horovod (no sub-communicators, no mpi4py "
           "communicators); start the job with the ranks you want instead")
   _exchange_topology()
+  # Saves stay Horovod's (each rank writes what it saves) but atomic.
+  compat.install_saving_for_horovod(mpistrategy.rank(), mpistrategy.size())
 
 
 def _check_running_options():

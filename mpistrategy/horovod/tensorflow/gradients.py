@@ -433,10 +433,19 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False,  # pylint: dis
 
   Returns:
     The distributed optimizer (an instance of `type(optimizer)`).
+
+  Raises:
+    ValueError: `op` is not `hvd.Average` or `hvd.Sum`, or another argument
+      is invalid.
+    NotImplementedError: `op=hvd.Adasum`, devices or process sets.
   """
   del use_locking
   fn = "hvd.DistributedOptimizer"
   _check_optimizer(optimizer, fn)
+  if op not in (functions.Average, functions.Sum, functions.Adasum):
+    # As Horovod's for Keras optimizers (the tape takes Min, Max, Product).
+    raise ValueError(f"{fn}(op={op!r}): op currently only supports Average "
+                     "and Sum (as in Horovod)")
   _check_passes(backward_passes_per_step, fn)
   reducer = _GradientReducer(
       fn, device_dense, device_sparse, compression, sparse_as_dense, op,

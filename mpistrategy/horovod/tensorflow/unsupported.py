@@ -9,7 +9,7 @@ import types
 
 __all__ = [
     "add_process_set", "remove_process_set", "broadcast_global_variables",
-    "SyncBatchNormalization", "elastic",
+    "BroadcastGlobalVariablesHook", "SyncBatchNormalization", "elastic",
 ]
 
 
@@ -39,6 +39,20 @@ def broadcast_global_variables(root_rank):
           "use hvd.broadcast_variables(model.variables, root_rank=0) and "
           "hvd.broadcast_variables(optimizer.variables, root_rank=0), or "
           "hvd.callbacks.BroadcastGlobalVariablesCallback(0) with Keras")
+
+
+class BroadcastGlobalVariablesHook:
+  """Not provided: a TF1 `SessionRunHook` (TF 2.16+ has no Estimator)."""
+
+  def __init__(self, *args, **kwargs):
+    del args, kwargs
+    _refuse("hvd.BroadcastGlobalVariablesHook (a TF1 SessionRunHook for "
+            "tf.estimator and MonitoredTrainingSession, which TensorFlow 2 "
+            "no longer has)",
+            "after the first training step, call "
+            "hvd.broadcast_variables(model.variables, root_rank=0) and "
+            "hvd.broadcast_variables(optimizer.variables, root_rank=0), or "
+            "use hvd.callbacks.BroadcastGlobalVariablesCallback(0) with Keras")
 
 
 class SyncBatchNormalization:

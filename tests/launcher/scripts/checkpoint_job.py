@@ -6,6 +6,9 @@
                        write fails, catches the error (ERROR event) and checks
                        that the first copy still loads, with what it held before
                        and that no temporary file is left (CHECK event).
+                       With --layer horovod: mpistrategy.horovod alone, a
+                       model of each rank's own, and only rank 0 writes
+                       (Horovod's habit); backup_and_restore is not a kind.
 --mode enospc-uncaught DIR
                        as above for a ModelCheckpoint inside fit(), but the
                        error is not caught: the job must end on every rank,
@@ -54,6 +57,7 @@ p.add_argument("--dir", required=True)
 p.add_argument("--kinds", default="save_weights,save,model_checkpoint,export,"
                "checkpoint_save,checkpoint_write,manager,backup_and_restore")
 p.add_argument("--api", default="checkpoint")
+p.add_argument("--layer", choices=["strategy", "horovod"], default="strategy")
 p.add_argument("--then", choices=["exit", "raise", "kill"], default="exit")
 args = p.parse_args()
 
@@ -63,7 +67,7 @@ import keras  # pylint: disable=wrong-import-position
 import mpistrategy  # pylint: disable=wrong-import-position
 from mpistrategy import ops  # pylint: disable=wrong-import-position
 
-if args.mode == "hvd-rank0-restore":
+if args.mode == "hvd-rank0-restore" or args.layer == "horovod":
   import mpistrategy.horovod.tensorflow as hvd  # pylint: disable=g-import-not-at-top,wrong-import-position
   hvd.init()
   strategy = None
@@ -177,13 +181,16 @@ def loaded_digest(kind, directory):
 
 
 def enospc(kinds):
-  model = build()
+  horovod = args.layer == "horovod"
+  model = build(under_strategy=not horovod)
+  writes = rank == 0 or not horovod
   for kind in kinds:
     directory = os.path.join(args.dir, kind)
     if rank == 0:
       os.makedirs(directory)
     ops.barrier()
-    write(kind, model, directory)
+    if writes:
+      write(kind, model, directory)
     ops.barrier()
     # What the first copy holds, read back by rank 0 before the failure.
     expected = loaded_digest(kind, directory) if rank == 0 else None
@@ -194,7 +201,8 @@ def enospc(kinds):
       w.assign(w + 1.0)
     ops.barrier()
     try:
-      write(kind, model, directory)
+      if writes:
+        write(kind, model, directory)
       io.emit("ERROR", f"{kind} none")
     except Exception as e:  # pylint: disable=broad-except
       io.emit("ERROR", f"{kind} {io.error_text(e)}")

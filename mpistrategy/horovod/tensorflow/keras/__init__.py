@@ -52,6 +52,8 @@ from mpistrategy.horovod.tensorflow.basics import rank
 from mpistrategy.horovod.tensorflow.basics import rocm_built
 from mpistrategy.horovod.tensorflow.basics import shutdown
 from mpistrategy.horovod.tensorflow.basics import size
+from mpistrategy.horovod.tensorflow.basics import start_timeline
+from mpistrategy.horovod.tensorflow.basics import stop_timeline
 from mpistrategy.horovod.tensorflow.functions import Adasum
 from mpistrategy.horovod.tensorflow.functions import Average
 from mpistrategy.horovod.tensorflow.functions import Compression
@@ -62,9 +64,11 @@ from mpistrategy.horovod.tensorflow.functions import Sum
 from mpistrategy.horovod.tensorflow.gradients import DistributedOptimizer
 from mpistrategy.horovod.tensorflow.gradients import PartialDistributedOptimizer
 from mpistrategy.horovod.tensorflow.keras import callbacks
+from mpistrategy.horovod.tensorflow.unsupported import add_process_set
 from mpistrategy.horovod.tensorflow.unsupported import (
     broadcast_global_variables)
 from mpistrategy.horovod.tensorflow.unsupported import elastic
+from mpistrategy.horovod.tensorflow.unsupported import remove_process_set
 from mpistrategy.horovod.tensorflow.unsupported import SyncBatchNormalization
 
 
