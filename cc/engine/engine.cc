@@ -1651,7 +1651,19 @@ Status Engine::Impl::SetTimeline(const std::string& path) {
       "cannot switch the timeline: the engine has stopped";
   if (stopped()) return Status::FailedPrecondition(kStopped);
   // Opened (and a replaced one closed) outside cycle_mu_: file I/O must not
-  // hold up the cycles.
+  // hold up the cycles.  The file being written goes on until the next one
+  // is open, unless the next one is the same file: opening that would
+  // truncate it under its writer, so that one is closed first.
+  const std::string file = Timeline::PathForRank(path, rank_);
+  std::unique_ptr<Timeline> same;
+  {
+    std::lock_guard<std::mutex> cycle(cycle_mu_);
+    if (timeline_ != nullptr && !file.empty() && timeline_->Writes(file)) {
+      same = std::move(timeline_);
+      executor_.set_timeline(nullptr);
+    }
+  }
+  if (same != nullptr) same->Close();
   std::unique_ptr<Timeline> next;
   MPISTRATEGY_RETURN_IF_ERROR(
       OpenTimeline(path, rank_, transport_->peer_info(), &next));

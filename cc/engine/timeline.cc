@@ -8,6 +8,8 @@
 #include <system_error>
 #include <utility>
 
+#include <sys/stat.h>
+
 #include "cc/common/logging.h"
 #include "cc/engine/stall_inspector.h"
 
@@ -162,6 +164,13 @@ void Timeline::Close() {
 }
 
 Timeline::~Timeline() { Close(); }
+
+bool Timeline::Writes(const std::string& file) const {
+  struct stat named, written;
+  return stat(file.c_str(), &named) == 0 &&
+         fstat(fileno(out_), &written) == 0 &&
+         named.st_dev == written.st_dev && named.st_ino == written.st_ino;
+}
 
 double Timeline::Now() const { return SteadyClockSeconds(); }
 

@@ -134,6 +134,11 @@ class Timeline {
   // A span on the "negotiation cycles" row.
   void CycleSpan(double start, double end, std::string args);
 
+  // True if `file` names the file this timeline writes: its path, or
+  // another link to it (opening it again would truncate it under the
+  // writer).  False where `file` does not exist.  Thread-safe.
+  bool Writes(const std::string& file) const;
+
   // Events dropped so far because the queue was full.  Thread-safe.
   int64_t dropped_events() const;
   const std::string& file() const { return file_; }

@@ -306,6 +306,27 @@ def test_start_and_stop_timeline_on_every_rank(shared_dir):
   assert not {"window/before", "window/after"} & rows
 
 
+def test_start_timeline_again_on_the_file_being_written(shared_dir):
+  # The first window's file was truncated under its writer, which then
+  # wrote on at its old offset: NUL bytes and two windows mixed.
+  path = os.path.join(shared_dir, "again.{rank}.json")
+  link = os.path.join(shared_dir, "link.{rank}.json")  # another name of it
+  mine = path.replace("{rank}", str(RANK))
+  os.symlink(os.path.basename(mine), link.replace("{rank}", str(RANK)))
+  for first, second in ((path, path), (path, link)):
+    mpistrategy.start_timeline(first)
+    for i in range(200):  # far more bytes than the second window's
+      ops.allreduce(tf.constant(1.0), name=f"again/first{i % 20}")
+    mpistrategy.start_timeline(second)
+    ops.allreduce(tf.constant(1.0), name="again/second")
+    mpistrategy.stop_timeline()
+    with open(mine, "rb") as f:
+      assert b"\0" not in f.read()
+    rows = _row_names(mine)
+    assert "again/second" in rows and not any(
+        r.startswith("again/first") for r in rows), (second, sorted(rows))
+
+
 def test_horovod_start_timeline_writes_rank_0s_file(shared_dir):
   import mpistrategy.horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
   hvd.init()
