@@ -172,11 +172,12 @@ Status Executor::Execute(const std::vector<const Response*>& responses,
     MPISTRATEGY_RETURN_IF_ERROR(
         JoinStreams(bucket.device, *device_stream, entries));
   }
-  // A fused host allreduce records its copies and its collective itself.
-  const bool fused = host && responses.size() > 1;
+  traced_ = false;
   const double start = timeline_ != nullptr ? timeline_->Now() : 0.0;
   Status s = Run(bucket, responses, entries, entry_status);
-  if (timeline_ != nullptr && !fused) {
+  // A fused host allreduce, or one the plane reduces in parts, records its
+  // copies and its collective itself.
+  if (timeline_ != nullptr && !traced_) {
     // Device buckets: the time to enqueue the work on the op's stream.
     Trace(TimelineCollectiveName(ToCollectiveType(first.type)), responses,
           entries, start, timeline_->Now());
@@ -222,6 +223,7 @@ void Executor::Trace(const char* activity,
   for (const TensorEntry* e : entries) {
     timeline_->Span(e->name, activity, start, end, json);
   }
+  traced_ = true;
 }
 
 Status Executor::Run(const Bucket& bucket,

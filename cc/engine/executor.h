@@ -116,8 +116,8 @@ class Executor {
                      const std::vector<TensorEntry*>& entries);
   Status ForkStreams(Device* device, const std::shared_ptr<Stream>& stream);
   // Records `activity` from `start` to `end` on the row of every entry, with
-  // the bucket's size (and the collective's handoff_) in the args.  Requires
-  // timeline_ != nullptr.
+  // the bucket's size (and the collective's handoff_) in the args, and sets
+  // traced_.  Requires timeline_ != nullptr.
   void Trace(const char* activity,
              const std::vector<const Response*>& responses,
              const std::vector<TensorEntry*>& entries, double start,
@@ -164,6 +164,10 @@ class Executor {
   // The plane's last_allreduce_handoff() after this Execute's allreduce
   // (null before it, or where the plane has none), for the timeline.
   const char* handoff_ = nullptr;
+  // Whether this Execute's collective recorded its spans itself (a fused
+  // host bucket's copies, a plane that reduces the parts where they are),
+  // so that Execute records no second span for it.
+  bool traced_ = false;
 };
 
 }  // namespace mpistrategy

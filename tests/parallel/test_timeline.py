@@ -35,6 +35,7 @@ GROUP = 4
 COLLECTIVES = dict(
     [(f"tl/grouped.{i}", "ALLREDUCE") for i in range(GROUP)] + [
         ("tl/packed", "ALLREDUCE"),
+        ("tl/packed_large", "ALLREDUCE"),
         ("tl/allreduce", "ALLREDUCE"),
         ("tl/large", "ALLREDUCE"),
         ("tl/allgather", "ALLGATHER"),
@@ -45,6 +46,9 @@ FUSED = [f"tl/grouped.{i}" for i in range(GROUP)]
 # int64: no other allreduce here has that dtype, so it is never fused.  Above
 # the shared-memory plane's 16 KB small-allreduce path.
 LARGE_ELEMENTS = 128 << 10
+# float16, no other allreduce's dtype: a packed group above 16 KB, which the
+# shared-memory plane reduces where its tensors are.
+PACKED_LARGE = [16 << 10, (16 << 10) + 3]
 _PATH_BYTES = 4096
 
 
@@ -99,12 +103,15 @@ def _run_with_timeline(timeline, iterations, data_plane):
       # buffer is never fused with another entry.
       packed = ops.grouped_allreduce([tf.cast(x, tf.int32) for x in xs],
                                      name="tl/packed")
+      packed_large = ops.grouped_allreduce(
+          [tf.fill([n], tf.constant(RANK + 1, tf.float16))
+           for n in PACKED_LARGE], name="tl/packed_large")
       summed = ops.allreduce(y, name="tl/allreduce")
       large = ops.allreduce(large, name="tl/large")
       gathered = ops.allgather(g, name="tl/allgather")
       root = ops.broadcast(b, root_rank=0, name="tl/broadcast")
       ops.barrier(name="tl/barrier")
-      return fused + packed, summed, gathered, root, large
+      return fused + packed, summed, gathered, root, large, packed_large
 
     xs = [tf.fill([16 + i], float(RANK + 1)) for i in range(GROUP)]
     y = tf.constant([RANK + 1.0], tf.float64)  # float64: never fused with xs
@@ -112,7 +119,10 @@ def _run_with_timeline(timeline, iterations, data_plane):
     b = tf.fill([3], float(RANK))
     large = tf.fill([LARGE_ELEMENTS], tf.constant(RANK + 1, tf.int64))
     for _ in range(iterations):
-      fused, summed, gathered, root, large_sum = step(xs, y, g, b, large)
+      fused, summed, gathered, root, large_sum, packed_large = step(
+          xs, y, g, b, large)
+      for n, t in zip(PACKED_LARGE, packed_large):
+        np.testing.assert_array_equal(t.numpy(), np.full([n], S, np.float16))
       assert len(fused) == 2 * GROUP
       for i, t in enumerate(fused):
         np.testing.assert_array_equal(t.numpy(),
@@ -188,7 +198,7 @@ def _check_rows(events, iterations, data_plane):
   for name, collective in COLLECTIVES.items():
     handoffs = [e["args"].get("handoff") for e in rows[name]
                 if e["name"] == collective]
-    if name == "tl/large" and data_plane == "shm":
+    if name in ("tl/large", "tl/packed_large") and data_plane == "shm":
       assert handoffs and set(handoffs) <= {"cached", "streaming"}, handoffs
     else:
       assert handoffs == [None] * len(handoffs), (name, handoffs)
