@@ -124,6 +124,9 @@ def _horovod_changes(environ):
     text = environ.get(variable, "")
     if text == "":
       continue
+    if parse in (int, float):  # says what it accepts, as for MPISTRATEGY_*
+      changes[name] = (variable, _parse_env(variable, name, parse, text))
+      continue
     try:
       changes[name] = (variable, parse(text))
     except ValueError as error:
@@ -131,6 +134,29 @@ def _horovod_changes(environ):
       raise ValueError(f"environment variable {variable}={text!r} is not a "
                        f"valid Options.{name}{why}") from None
   return changes
+
+
+def name_horovod_sources(message, environ=None):
+  """`message` naming the HOROVOD_* variables that set its fields.
+
+  The engine's errors name a field's MPISTRATEGY_* variable
+  ("Options.timeline (MPISTRATEGY_TIMELINE): ..."); where a HOROVOD_*
+  variable gave the value instead (no MPISTRATEGY_* one is set), that one
+  is named.
+
+  Args:
+    message: an error message of the engine.
+    environ: the mapping the options were read from; default `os.environ`.
+
+  Returns:
+    The message, with those variable names replaced.
+  """
+  environ = os.environ if environ is None else environ
+  for name, (variable, _) in _horovod_changes(environ).items():
+    ours = _ENV_PREFIX + name.upper()
+    if environ.get(ours, "") == "":
+      message = message.replace(f"({ours})", f"({variable})")
+  return message
 
 
 @dataclasses.dataclass(frozen=True)

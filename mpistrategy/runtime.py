@@ -149,6 +149,8 @@ def _init(options, restart_stopped):
       # Without a started engine the excepthook that prefixes tracebacks
       # with "[rank N]" is not installed: the message says which rank.
       rank = _output.rank_from_env()
+      error_buf = ctypes.create_string_buffer(options_lib.name_horovod_sources(
+          error_buf.value.decode(errors="replace")).encode())
       _raise_for_code(code, error_buf,
                       "init" if rank is None else f"init (rank {rank})",
                       " failed")

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cmath>
@@ -24,6 +25,7 @@
 #include <list>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -1629,11 +1631,15 @@ Status OpenEngineFiles(const EngineConfig& config, int rank,
   }
   // Rank 0 appends the autotuner's CSV log (header first when new).
   if (config.autotune && !config.autotune_log.empty() && rank == 0) {
-    *autotune_log = std::fopen(config.autotune_log.c_str(), "a");
+    // Rank 0 alone writes it: "{rank}" in its path is 0.
+    const std::string path = Timeline::PathForRank(config.autotune_log, 0);
+    *autotune_log = std::fopen(path.c_str(), "a");
     if (*autotune_log == nullptr) {
+      const int error = errno;
       return Status::InvalidArgument(
           "Options.autotune_log (MPISTRATEGY_AUTOTUNE_LOG): cannot open the "
-          "autotune log \"" + config.autotune_log + "\" for appending");
+          "autotune log \"" + path + "\" for appending: " +
+          std::generic_category().message(error));
     }
     std::fseek(*autotune_log, 0, SEEK_END);
     if (std::ftell(*autotune_log) == 0) {

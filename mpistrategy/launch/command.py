@@ -31,7 +31,9 @@ EXPORTED_VARIABLES = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH",
                       "CUDA_VISIBLE_DEVICES")
 
 
-EXPORTED_PREFIXES = ("NCCL_", "MPISTRATEGY_")
+# HOROVOD_*: the tuning variables of Horovod scripts (mpistrategy.horovod
+# reads them), which horovodrun forwarded.
+EXPORTED_PREFIXES = ("NCCL_", "MPISTRATEGY_", "HOROVOD_")
 
 
 ENV_PREFIX = "MPISTRATEGY_"

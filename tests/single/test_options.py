@@ -251,12 +251,33 @@ def test_horovod_variables_count_once_the_horovod_layer_says_so(monkeypatch):
     with pytest.raises(ValueError, match=rf"{variable}='maybe' is not a valid "
                        rf"Options.{field}; accepted values are an integer"):
       Options.from_env(environ={variable: "maybe"})
-  with pytest.raises(ValueError, match=r"HOROVOD_FUSION_THRESHOLD='lots' is "
-                     r"not a valid Options.fusion_threshold_bytes"):
-    Options.from_env(environ={"HOROVOD_FUSION_THRESHOLD": "lots"})
+  # What is wrong, and what is accepted (the message said only "not a
+  # valid Options.fusion_threshold_bytes").
+  for variable, text, accepts in (
+      ("HOROVOD_FUSION_THRESHOLD", "64MB", "accepts a decimal integer"),
+      ("HOROVOD_CACHE_CAPACITY", "1.5", "accepts a decimal integer"),
+      ("HOROVOD_CYCLE_TIME", "abc", "accepts a decimal number")):
+    with pytest.raises(ValueError, match=rf"{variable}='{text}' is not an? "
+                       rf"(integer|number); Options\.\w+ {accepts}"):
+      Options.from_env(environ={variable: text})
   with pytest.raises(ValueError, match=r"from the environment: "
                      r"HOROVOD_CYCLE_TIME='-1'"):
     Options.from_env(environ={"HOROVOD_CYCLE_TIME": "-1"})
+
+
+def test_engine_errors_name_the_horovod_variable_that_was_set(monkeypatch):
+  monkeypatch.setattr(options_lib, "_count_horovod_variables", True)
+  message = ("Options.timeline (MPISTRATEGY_TIMELINE): cannot open; "
+             "Options.autotune_log (MPISTRATEGY_AUTOTUNE_LOG): cannot open")
+  name = options_lib.name_horovod_sources
+  assert name(message, {"HOROVOD_TIMELINE": "/x"}) == message.replace(
+      "MPISTRATEGY_TIMELINE", "HOROVOD_TIMELINE")
+  # MPISTRATEGY_* wins over HOROVOD_*, so it is the one named.
+  assert name(message, {"HOROVOD_TIMELINE": "/x",
+                        "MPISTRATEGY_TIMELINE": "/y"}) == message
+  assert name(message, {}) == message
+  monkeypatch.setattr(options_lib, "_count_horovod_variables", False)
+  assert name(message, {"HOROVOD_TIMELINE": "/x"}) == message
 
 
 def test_importing_the_horovod_layer_counts_its_variables(monkeypatch):

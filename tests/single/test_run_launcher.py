@@ -94,14 +94,17 @@ def test_openmpi_command(monkeypatch, script):
   monkeypatch.setattr(launch_command, "_package_parent", lambda: ROOT)
   environ = _environ(LD_LIBRARY_PATH="/opt/lib", NCCL_DEBUG="INFO",
                      CUDA_VISIBLE_DEVICES="0,1", TF_CPP_MIN_LOG_LEVEL="2",
-                     MPISTRATEGY_CYCLE_TIME_MS="5", OMPI_MCA_btl="self")
+                     MPISTRATEGY_CYCLE_TIME_MS="5", OMPI_MCA_btl="self",
+                     HOROVOD_FUSION_THRESHOLD="0")
   command = _build(["-np", "4", "--stall-warning-seconds", "7", script,
                     "--epochs", "3"], environ)
   assert command.launcher == "mpirun"
   assert command.argv == [
       MPIRUN, "-np", "4", "--oversubscribe", "--tag-output",
       "--bind-to", "none", "--map-by", "slot",
-      "-x", "CUDA_VISIBLE_DEVICES", "-x", "LD_LIBRARY_PATH",
+      "-x", "CUDA_VISIBLE_DEVICES",
+      # Horovod scripts' settings reach ranks on other hosts too.
+      "-x", "HOROVOD_FUSION_THRESHOLD", "-x", "LD_LIBRARY_PATH",
       "-x", "MPISTRATEGY_CYCLE_TIME_MS",
       "-x", "MPISTRATEGY_STALL_WARNING_SECONDS=7.0",
       "-x", "NCCL_DEBUG", "-x", "PATH", "-x", "PYTHONPATH",
