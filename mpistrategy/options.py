@@ -182,8 +182,9 @@ class Options:
       64 MiB.
     cycle_time_ms: How long (milliseconds) the engine's background thread
       sleeps when idle before joining an empty negotiation cycle anyway.
-      While the rank stays idle the sleep doubles after each empty cycle,
-      up to 16 ms (or this, if larger), so that an idle engine takes little
+      While the rank stays idle the sleep doubles after each empty cycle
+      (from 1 microsecond where this is less), up to 16 ms (or this, if
+      larger), so that an idle engine takes little
       CPU from TensorFlow.  Submitting a tensor wakes it immediately (and
       resets the sleep), so this is not a latency floor; it bounds how
       stale the stall inspector's view can get.  A number > 0 and at most

@@ -72,6 +72,10 @@ constexpr int64_t kOpThreadMaxBytes = 64 * 1024;
 // doubles after every empty cycle, from cycle_time_ms up to this (or
 // cycle_time_ms if larger); the next submission resets it.
 constexpr double kMaxIdlePeriodMs = 16.0;
+// The first idle period is at least this: a cycle_time_ms far below what a
+// sleep can measure (1e-30 is valid) would otherwise need a thousand
+// doublings, each an empty cycle at once, to reach kMaxIdlePeriodMs.
+constexpr double kMinIdlePeriodMs = 1e-3;
 
 // A cycle whose rendezvous agrees on nothing while this rank has entries
 // pending means the peers have submitted other tensors first: TensorFlow
@@ -1055,9 +1059,9 @@ bool Engine::Impl::WaitForWork() {
   // hear from it; the period grows from cycle_time_ms while the rank stays
   // idle (kMaxIdlePeriodMs).
   const double cap_ms = std::max(config_.cycle_time_ms, kMaxIdlePeriodMs);
-  const double period_ms =
-      std::min(cap_ms, std::ldexp(config_.cycle_time_ms,
-                                  std::min(idle_cycles_, 30)));
+  const double period_ms = std::min(
+      cap_ms, std::ldexp(std::max(config_.cycle_time_ms, kMinIdlePeriodMs),
+                         std::min(idle_cycles_, 30)));
   const auto period =
       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
           std::chrono::duration<double, std::milli>(period_ms));
