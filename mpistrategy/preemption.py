@@ -266,6 +266,21 @@ def _mpi_job():
   return runtime.is_initialized()
 
 
+def _record_runs(handler):
+  """Keeps the handler's checkpointed run count at the runs done.
+
+  TF sets the count (restored as `total_run_calls`) only in the handler's
+  own preemption save, so a checkpoint the user saves periodically (a
+  `CheckpointManager` of the same checkpoint, the README's resume recipe)
+  held a stale count: restarted after a `kill -9`, the loop began at the
+  last preemption's step on later weights and trained steps again.  Kept
+  current after every step, any save of that checkpoint resumes at its
+  own step.  Local: every rank counts alike.
+  """
+  if _mpi_job():
+    handler._checkpointed_runs.assign(handler._run_counter)  # pylint: disable=protected-access
+
+
 def patch_preemption_checkpoint_handler():
   """Makes TF's handler agree over MPI instead of its coordination service.
 
@@ -338,17 +353,27 @@ def patch_preemption_checkpoint_handler():
       unwatch()
     return orig_del(self)
 
-  orig_save_if = handler.save_checkpoint_if_preempted
+  orig_save_if, orig_run = handler.save_checkpoint_if_preempted, handler.run
 
   def save_checkpoint_if_preempted(self, *args, **kwargs):
     self._mpistrategy_after_step = True  # pylint: disable=protected-access
     try:
-      return orig_save_if(self, *args, **kwargs)
+      result = orig_save_if(self, *args, **kwargs)
     finally:
       self._mpistrategy_after_step = False  # pylint: disable=protected-access
+    _record_runs(self)
+    return result
 
+  def run(self, *args, **kwargs):
+    result = orig_run(self, *args, **kwargs)
+    _record_runs(self)
+    return result
+
+  save_checkpoint_if_preempted.__doc__ = orig_save_if.__doc__
+  run.__doc__ = orig_run.__doc__
   handler.__init__ = __init__
   handler.save_checkpoint_if_preempted = save_checkpoint_if_preempted
+  handler.run = run
   handler._start_watching_for_signal = _start_watching_for_signal  # pylint: disable=protected-access
   handler._check_preemption_and_maybe_checkpoint = (  # pylint: disable=protected-access
       _check_preemption_and_maybe_checkpoint)

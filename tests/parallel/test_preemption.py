@@ -98,3 +98,31 @@ def test_save_checkpoint_if_preempted_names_the_steps_done(
   assert (f"preempted: rank {R} saved after step 3 and exits"
           in capfd.readouterr().err)
   handler.__del__()
+
+
+def test_a_periodic_save_of_the_handlers_checkpoint_resumes_at_its_step(
+    strategy, workdir):
+  # The README's recipe after a kill -9: the checkpoint the user saved at
+  # step 7 held total_run_calls 0 (TF counts only the handler's own saves),
+  # so the restarted loop began at step 0 on step-7 weights.
+  with strategy.scope():
+    v = tf.Variable(0.0)
+  ckpt = tf.train.Checkpoint(v=v)
+  manager = tf.train.CheckpointManager(ckpt, workdir, max_to_keep=2)
+  handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+      strategy.cluster_resolver, manager)
+  for step in range(handler.total_run_calls, 10):
+    handler.run(lambda: v.assign_add(1.0))
+    if step == 6:
+      manager.save(checkpoint_number=step + 1)
+  handler.__del__()
+  # A restart: new objects, the same directory.
+  with strategy.scope():
+    resumed = tf.Variable(0.0)
+  ckpt = tf.train.Checkpoint(v=resumed)
+  handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+      strategy.cluster_resolver,
+      tf.train.CheckpointManager(ckpt, workdir, max_to_keep=2))
+  assert resumed.numpy() == 7.0
+  assert handler.total_run_calls == 7
+  handler.__del__()
