@@ -748,9 +748,10 @@ def _late_errors():
   h5py reports a failed write at file close (e.g. ENOSPC while flushing)
   from an object's destructor, through `sys.excepthook` or
   `sys.unraisablehook`, and the Keras call then returns as if it had
-  succeeded, leaving a truncated file.  The hooks still run (with
-  `abort_on_exception` the job ends there, naming this rank and the
-  error); if they return, the write counts as failed.
+  succeeded, leaving a truncated file.  Such a write counts as failed:
+  the caller raises an error for it, which the caller's caller may catch.
+  The hooks the context replaces are not called (with `abort_on_exception`
+  they would end the job, even where that error is caught).
 
   Yields:
     A list that receives those exceptions.
@@ -759,12 +760,11 @@ def _late_errors():
   hooks = sys.excepthook, sys.unraisablehook
 
   def excepthook(exc_type, exc, tb):
+    del exc_type, tb
     late.append(exc)
-    hooks[0](exc_type, exc, tb)
 
   def unraisablehook(unraisable):
     late.append(unraisable.exc_value)
-    hooks[1](unraisable)
 
   sys.excepthook, sys.unraisablehook = excepthook, unraisablehook
   try:

@@ -443,7 +443,7 @@ def _abort_on_thread_exception(args):
     _state.previous_thread_excepthook(args)
     return
   sys.stderr.write(f"Exception in thread {args.thread.name}:\n")
-  _abort_on_exception(args.exc_type, args.exc_value, args.exc_traceback)
+  _abort(args.exc_type, args.exc_value, args.exc_traceback)
 
 
 _AUTOGRAPH_PREFIX = "__autograph_generated_file"
@@ -468,7 +468,23 @@ def _remove_autograph_files():
 
 
 def _abort_on_exception(exc_type, exc, tb):
-  """sys.excepthook: print with the rank, tell the other ranks, MPI_Abort."""
+  """sys.excepthook: `_abort` for an uncaught exception.
+
+  Python calls the hook for one with no frame of the program left.  Code
+  that calls it itself reports an error and goes on (h5py's destructors
+  report a failed write so, also after the caller caught that write's
+  error): that is printed as Python's own hook does, and nothing ends.
+  """
+  try:
+    sys._getframe(1)  # pylint: disable=protected-access
+  except ValueError:
+    _abort(exc_type, exc, tb)
+    return
+  _state.previous_excepthook(exc_type, exc, tb)
+
+
+def _abort(exc_type, exc, tb):
+  """Prints with the rank, tells the other ranks, MPI_Abort."""
   lib = _library.loaded()
   my_rank = lib.c.mpistrategy_rank() if lib is not None else -1
   text = "".join(traceback.format_exception(exc_type, exc, tb))

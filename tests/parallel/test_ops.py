@@ -12,6 +12,7 @@ from all ranks' inputs.
 
 import os
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -1137,3 +1138,18 @@ def test_shutdown_reinit_with_new_options():
     mpistrategy.shutdown()
     mpistrategy.init(options)
   assert ops.allreduce(tf.constant(2)).numpy() == 2 * SIZE
+
+
+def test_an_error_code_reports_through_excepthook_ends_nothing(capfd):
+  # h5py's destructors report a failed write through sys.excepthook, also
+  # after the caller caught that write's OSError; the abort-on-exception
+  # hook took it for an uncaught exception and ended the job.
+  if SIZE > 1:
+    assert sys.excepthook.__name__ == "_abort_on_exception"
+  if RANK == 0:
+    try:
+      raise RuntimeError("reported by a library, which goes on")
+    except RuntimeError as e:
+      sys.excepthook(type(e), e, e.__traceback__)
+    assert "reported by a library" in capfd.readouterr().err
+  ops.barrier(name="excepthook/after")
