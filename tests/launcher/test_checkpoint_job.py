@@ -63,6 +63,25 @@ def tmpfs():
     os.rmdir(path)
 
 
+def _assert_rank_0_failed_and_kept_the_first_copies(job, kinds):
+  """Rank 0's second write of each kind failed with ENOSPC, naming the
+  user's path, and its first copy still loads, with no temporary left."""
+  errors = job.events("ERROR", rank=0)
+  assert len(errors) == kinds, job.describe()
+  for e in errors:
+    kind, error = e.text.split(" ", 1)
+    assert _ERRNO_28.search(error) or "ResourceExhausted" in error, (
+        f"{kind}: rank 0's second write did not fail with ENOSPC: {error}")
+    # It names the user's path, not the staged copy or a temporary name.
+    assert "mpistrategy-rank" not in error and "stage-" not in error, (
+        f"{kind}: {error}")
+  checks = job.events("CHECK", rank=0)
+  assert len(checks) == kinds, job.describe()
+  for e in checks:
+    assert "loads_previous=True" in e.text and "litter=[]" in e.text, (
+        e.text + "\n" + job.describe())
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("np_", [2, 3])
 def test_full_file_system_keeps_the_previous_copy(launch, tmpfs, np_):
@@ -70,22 +89,9 @@ def test_full_file_system_keeps_the_previous_copy(launch, tmpfs, np_):
                args=["--mode", "enospc", "--dir", tmpfs])
   try:
     assert job.returncode == 0, job.describe()
-    kinds = [e.text for e in job.events("WRITTEN", rank=0)]
-    assert len(kinds) == 8, job.describe()
-    for e in job.events("ERROR", rank=0):
-      kind, error = e.text.split(" ", 1)
-      assert _ERRNO_28.search(error) or "ResourceExhausted" in error, (
-          f"{kind}: rank 0's second write did not fail with ENOSPC: {error}")
-      # It names the user's path, not the staged copy or a temporary name.
-      assert "mpistrategy-rank" not in error and "stage-" not in error, (
-          f"{kind}: {error}")
+    _assert_rank_0_failed_and_kept_the_first_copies(job, 8)
     for r in range(1, np_):  # ranks > 0 write their scratch copy: no error
       assert all(e.text.endswith(" none") for e in job.events("ERROR", r))
-    checks = job.events("CHECK", rank=0)
-    assert len(checks) == 8, job.describe()
-    for e in checks:
-      assert "loads_previous=True" in e.text and "litter=[]" in e.text, (
-          e.text + "\n" + job.describe())
   finally:
     job.assert_no_leftovers()
 
@@ -102,17 +108,7 @@ def test_full_file_system_keeps_the_previous_copy_on_the_horovod_layer(
                      "--kinds", kinds])
   try:
     assert job.returncode == 0, job.describe()
-    errors = job.events("ERROR", rank=0)
-    assert len(errors) == 7, job.describe()
-    for e in errors:
-      kind, error = e.text.split(" ", 1)
-      assert _ERRNO_28.search(error) or "ResourceExhausted" in error, (
-          f"{kind}: rank 0's second write did not fail with ENOSPC: {error}")
-    checks = job.events("CHECK", rank=0)
-    assert len(checks) == 7, job.describe()
-    for e in checks:
-      assert "loads_previous=True" in e.text and "litter=[]" in e.text, (
-          e.text + "\n" + job.describe())
+    _assert_rank_0_failed_and_kept_the_first_copies(job, 7)
   finally:
     job.assert_no_leftovers()
 
