@@ -863,7 +863,10 @@ def main():
             "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
             "cpus": os.cpu_count()}
     text, verdicts = report(results, meta)
-    print(text)
+    # A line at a time: one write of the whole table reaches mpirun's
+    # --tag-output in pieces that split lines.
+    for line in text.split("\n"):
+      print(line)
     print(f"\n(wall time {meta['wall_s']} s; 1-min load average at the "
           f"end {meta['loadavg_1m_at_end']} on {meta['cpus']} CPUs -- "
           f"numbers from a loaded machine are not comparable)")
