@@ -65,6 +65,11 @@ class _State:
     self.atexit_registered = False
     self.previous_excepthook = None
     self.previous_thread_excepthook = None
+    # (rank, size, local_rank, local_size) once an engine ran: MPI stays
+    # up across shutdown(), so they never change (see `_world`).
+    self.world = None
+    # Why this process' last engine start failed, until one succeeds.
+    self.start_error = None
 
 
 _state = _State()
@@ -151,10 +156,12 @@ def _init(options, restart_stopped):
       rank = _output.rank_from_env()
       error_buf = ctypes.create_string_buffer(options_lib.name_horovod_sources(
           error_buf.value.decode(errors="replace")).encode())
+      _state.start_error = error_buf.value.decode(errors="replace")
       _raise_for_code(code, error_buf,
                       "init" if rank is None else f"init (rank {rank})",
                       " failed")
     _state.options = resolved
+    _state.start_error = None
     if resolved.verbose:
       _output.undo_quiet()
     _tf_threads.share_cpus(lib.c.mpistrategy_local_size())
@@ -247,24 +254,54 @@ def started_library():
   return _lib()
 
 
+def _world():
+  """(rank, size, local_rank, local_size), starting the engine if none ran.
+
+  Once an engine has run they are answered from what it reported, also
+  after `shutdown()`: starting an engine again is collective, and a query
+  made on one rank only would wait in that start for ever.  For the same
+  reason, after a start that failed (and before any succeeded) they raise.
+
+  Raises:
+    ValueError: this process' engine start failed and none ran before.
+  """
+  with _state.lock:
+    if not is_initialized():
+      lib = _library.loaded()
+      if lib is not None and not lib.c.mpistrategy_is_forked_child():
+        if _state.world is not None:
+          return _state.world
+        if _state.start_error is not None:
+          # A query in the handler of that error on this rank alone.
+          raise ValueError(
+              "mpistrategy.rank/size: mpistrategy failed to start on this "
+              f"rank ({_state.start_error}), so the world is unknown here; "
+              "starting it again is collective: call mpistrategy.init() on "
+              "every rank")
+    c = started_library().c
+    _state.world = (c.mpistrategy_rank(), c.mpistrategy_size(),
+                    c.mpistrategy_local_rank(), c.mpistrategy_local_size())
+    return _state.world
+
+
 def rank():
   """Returns this process's rank in the MPI world (initializing if needed)."""
-  return started_library().c.mpistrategy_rank()
+  return _world()[0]
 
 
 def size():
   """Returns the number of processes in the MPI world."""
-  return started_library().c.mpistrategy_size()
+  return _world()[1]
 
 
 def local_rank():
   """Returns this process's rank among the processes on its host."""
-  return started_library().c.mpistrategy_local_rank()
+  return _world()[2]
 
 
 def local_size():
   """Returns the number of processes on this process's host."""
-  return started_library().c.mpistrategy_local_size()
+  return _world()[3]
 
 
 def mpi_threads_supported():

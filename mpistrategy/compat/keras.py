@@ -376,7 +376,8 @@ def _check_same_input_everywhere(adapter):
     adapter: Keras' data adapter of this call's input.
 
   Raises:
-    ValueError: where the ranks' batch sizes or numbers of batches differ.
+    ValueError: where the ranks' batch sizes, numbers of batches or of rows
+      differ.
   """
   from mpistrategy.ops import _naming  # pylint: disable=import-outside-toplevel
   from mpistrategy.ops import collectives  # pylint: disable=import-outside-toplevel
@@ -384,17 +385,26 @@ def _check_same_input_everywhere(adapter):
   def known(value):
     return -1 if value is None else int(value)
 
+  # Rows: arrays of another length on one rank may still make as many
+  # batches (128 and 100 rows of 32), and each rank then trained on its own.
   mine = [known(getattr(adapter, "batch_size", None)),
-          known(getattr(adapter, "num_batches", None))]
+          known(getattr(adapter, "num_batches", None)),
+          known(getattr(adapter, "_num_samples", None))]
   everyone = collectives.every_ranks_values(mine, "MPIStrategy/keras_input")
   if all(row == everyone[0] for row in everyone):
     return
   calls = _naming.entry_points()
   call = calls[-1] if calls else "Model.fit"
-  shapes = "; ".join(f"rank {r}: batch_size {b}, {n} batches"
-                     for r, (b, n) in enumerate(everyone))
+
+  def shown(value, unit):
+    return f"{value} {unit}" if value >= 0 else f"unknown {unit}"
+
+  shapes = "; ".join(
+      f"rank {r}: batch_size {b if b >= 0 else 'unknown'}, "
+      f"{shown(n, 'batches')}" + (f", {rows} rows" if rows >= 0 else "")
+      for r, (b, n, rows) in enumerate(everyone))
   raise ValueError(
-      f"{call}: the ranks' inputs differ ({shapes}; -1: unknown). "
+      f"{call}: the ranks' inputs differ ({shapes}). "
       "batch_size is the global batch and x the whole data, split among "
       "the ranks: give every rank the same. For data that differs per rank, "
       "pass a tf.data.Dataset sharded with ds.shard(mpistrategy.size(), "

@@ -315,8 +315,9 @@ def main(argv=None):
         return code
     attempt += 1
   if attempts > 1 and code != 0:
-    why = ("the launcher got " + ", ".join(
-        signal.Signals(s).name for s in received) if received else
+    # Each signal once (a stranger's one SIGTERM was listed twice).
+    names = [signal.Signals(s).name for s in dict.fromkeys(received)]
+    why = ("the launcher got " + ", ".join(names) if names else
            f"no restarts left (--restarts {args.restarts})")
     supervise.say(f"attempt {attempt} of {attempts} ended: "
                   f"{describe_exit(code)}; not restarting: {why}")

@@ -87,6 +87,21 @@ def test_invalid_options_fields(misuse_job):
                    r"Options")
 
 
+@pytest.mark.timeout(150)
+def test_world_query_after_a_failed_start_raises_instead_of_waiting(
+    misuse_job):
+  for rank in range(NP):
+    cls, message = _case(misuse_job, "CFG", "start_fails", rank)
+    assert cls == ("ValueError" if rank == 0 else "FailedPreconditionError"), (
+        message)
+    cls, message = _case(misuse_job, "CFG", "rank_after_failed_start", rank)
+    if rank == 0:
+      assert cls == "ValueError" and "failed to start on this rank" in (
+          message), message
+    else:  # its engine stopped on rank 0's error: it knows the world
+      assert cls == "OK" and message.startswith(str(rank)), message
+
+
 # --- local misuse ------------------------------------------------------------
 
 _LOCAL_ERRORS = ("ValueError", "TypeError", "InvalidArgumentError")

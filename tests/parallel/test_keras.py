@@ -559,9 +559,15 @@ def test_a_batch_size_that_differs_between_ranks_is_refused_everywhere(
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
   with pytest.raises(ValueError, match=r"Model.fit: the ranks' inputs differ "
-                     r"\(rank 0: batch_size 8, 6 batches; rank 1: batch_size "
-                     r"9, 6 batches"):
+                     r"\(rank 0: batch_size 8, 6 batches, 48 rows; rank 1: "
+                     r"batch_size 9, 6 batches, 48 rows"):
     model.fit(x, x[:, :1], batch_size=8 + rank, verbose=0)
+  # As many batches from fewer rows (48 and 42 rows of 8): each rank
+  # trained on data of its own, without a word.
+  with pytest.raises(ValueError, match=r"rank 1: batch_size 8, 6 batches, "
+                     r"42 rows"):
+    model.fit(x[:48 - 6 * rank], x[:48 - 6 * rank, :1], batch_size=8,
+              verbose=0)
   with pytest.raises(ValueError, match="Model.predict: the ranks' inputs"):
     model.predict(x[:48 - 8 * rank], batch_size=8, verbose=0)
 

@@ -1153,3 +1153,19 @@ def test_an_error_code_reports_through_excepthook_ends_nothing(capfd):
       sys.excepthook(type(e), e, e.__traceback__)
     assert "reported by a library" in capfd.readouterr().err
   ops.barrier(name="excepthook/after")
+
+
+def test_world_queries_after_shutdown_start_no_engine():
+  # rank() started a new engine after shutdown(), which is collective:
+  # called on one rank only, it waited in that start for ever.
+  previous = mpistrategy.current_options()
+  mpistrategy.shutdown()
+  try:
+    if RANK == SIZE - 1:
+      assert mpistrategy.rank() == RANK
+      assert mpistrategy.size() == SIZE
+      assert 0 <= mpistrategy.local_rank() < mpistrategy.local_size()
+    assert not mpistrategy.is_initialized()
+  finally:
+    mpistrategy.init(previous)
+  ops.barrier(name="world_queries/after")

@@ -6,7 +6,8 @@ and message (or OK), and the script goes on: every error here must be
 recoverable, raised on every rank, and must not hang.
 
 Events (text = "<case> <ExceptionClass>: <message>" or "<case> OK ..."):
-  CFG     configuration cases, before and without a running engine
+  CFG     configuration cases, before and without a running engine, and
+          a start that fails on rank 0
   INIT    the engine started once the environment was fixed
   MISUSE  local misuse with a running engine (bad root rank, non-tensor)
   MM      cross-rank mismatches (shape, dtype, op, root, collective type)
@@ -52,6 +53,12 @@ attempt("CFG", "options_type",
         lambda: mpistrategy.Options(cycle_time_ms="fast"))
 attempt("CFG", "init_not_options", lambda: mpistrategy.init({"a": 1}))
 del os.environ[VAR]
+# A start that fails on rank 0 (its timeline cannot be created; the others'
+# fails naming rank 0), then a query in the handler on each rank: it waited
+# for ever on rank 0 in a new (collective) start.
+attempt("CFG", "start_fails", lambda: mpistrategy.init(
+    mpistrategy.Options(timeline="/nonexistent-mpistrategy-dir/t.json")))
+attempt("CFG", "rank_after_failed_start", mpistrategy.rank)
 
 mpistrategy.init()
 rank, size = mpistrategy.rank(), mpistrategy.size()
