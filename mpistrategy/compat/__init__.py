@@ -130,6 +130,14 @@ _KERAS2_SPELLINGS = (
      lambda rank: keras2_spellings.accept_experimental_run_tf_function()),
 )
 
+# Keras 3 resolves compile(jit_compile="auto") to XLA on a GPU without a
+# strategy (Horovod scripts), and the collectives a hvd.DistributedOptimizer
+# runs have no XLA kernels.  Applied before the Keras 2 spelling, which
+# wraps it.  Removed if the collectives get XLA kernels.
+_HOROVOD_AUTO_JIT_PATCH = (
+    "keras.Model.compile(jit_compile='auto', hvd optimizer)", False,
+    lambda rank: keras.patch_auto_jit_compile_for_horovod())
+
 _lock = threading.Lock()
 _applied = set()
 
@@ -157,10 +165,12 @@ def install(rank, size):
 
 
 def install_for_horovod():
-  """Applies what `mpistrategy.horovod` needs (idempotent): the Keras 2
-  spellings of Horovod scripts, and the loss scale's agreement across ranks.
+  """Applies what `mpistrategy.horovod` needs (idempotent): XLA off by
+  default for its optimizer, the Keras 2 spellings of Horovod scripts, and
+  the loss scale's agreement across ranks.
   """
-  _apply(_KERAS2_SPELLINGS + (_LOSS_SCALE_PATCH,), rank=0, size=1)
+  _apply((_HOROVOD_AUTO_JIT_PATCH,) + _KERAS2_SPELLINGS + (_LOSS_SCALE_PATCH,),
+         rank=0, size=1)
 
 
 # What the Horovod layer alone takes of `_PATCHES` once `hvd.init()` knows

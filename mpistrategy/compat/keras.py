@@ -115,6 +115,7 @@ multi-process `MPIStrategy`, so single-process code is unaffected.
 """
 
 import functools
+import inspect
 import re
 import types
 
@@ -596,3 +597,33 @@ def patch_entry_points(rank):
       wrapper.__wrapped__ = original
       setattr(cls, method, wrapper)
 
+
+
+def patch_auto_jit_compile_for_horovod():
+  """`compile(jit_compile="auto")` is off for a `hvd.DistributedOptimizer`.
+
+  Keras 3 resolves "auto" to XLA where a GPU is present and no tf.distribute
+  strategy is set, which is how Horovod scripts run; the optimizer's
+  collectives have no XLA kernels, so such a script failed at its first
+  step ("No registered 'MpiStrategyGroupedAllreduce' OpKernel for
+  XLA_GPU_JIT devices").  An explicit `jit_compile=True` is left as asked.
+  """
+  import keras  # pylint: disable=g-import-not-at-top
+  # Patched where it is defined (Keras' Trainer base class); wraps() keeps
+  # Keras' `_is_default` mark (see keras2_spellings).
+  owner = next(k for k in keras.Model.__mro__ if "compile" in k.__dict__)
+  original = owner.__dict__["compile"]
+  signature = inspect.signature(original)
+
+  @functools.wraps(original)
+  def compile(self, *args, **kwargs):  # pylint: disable=redefined-builtin
+    bound = signature.bind_partial(self, *args, **kwargs)
+    arguments = bound.arguments
+    # The mixin's mark (horovod/tensorflow/gradients.py), without importing
+    # the Horovod layer here.
+    if (arguments.get("jit_compile", "auto") == "auto" and
+        hasattr(arguments.get("optimizer"), "_hvd_configure")):
+      arguments["jit_compile"] = False
+    return original(*bound.args, **bound.kwargs)
+
+  setattr(owner, "compile", compile)

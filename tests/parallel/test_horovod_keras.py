@@ -338,6 +338,26 @@ def _digest(arrays):
   return b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)
 
 
+def test_auto_jit_compile_is_off_for_the_distributed_optimizer(monkeypatch):
+  # Keras resolves "auto" to XLA where it sees a GPU and no strategy (a
+  # Horovod script): the optimizer's collectives have no XLA kernels, so
+  # such a script failed at its first step.  A GPU is pretended here.
+  physical = tf.config.list_physical_devices
+  monkeypatch.setattr(tf.config, "list_physical_devices", lambda *a: [
+      *physical(*a), tf.config.PhysicalDevice("/physical_device:GPU:0",
+                                              "GPU")])
+  plain, distributed = _model(seed=1), _model(seed=1)
+  plain.compile(optimizer="sgd", loss="mse")
+  assert plain.jit_compile  # what Keras does on a GPU
+  distributed.compile(optimizer=hvd.DistributedOptimizer(
+      keras.optimizers.SGD()), loss="mse", experimental_run_tf_function=False)
+  assert not distributed.jit_compile
+  asked = _model(seed=1)
+  asked.compile(hvd.DistributedOptimizer(keras.optimizers.SGD()), "mse",
+                jit_compile=True)
+  assert asked.jit_compile  # as asked
+
+
 def test_keras_unsupported():
   with pytest.raises(NotImplementedError, match="broadcast_variables"):
     hvd.broadcast_global_variables(0)
