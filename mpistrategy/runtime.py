@@ -154,10 +154,10 @@ def _init(options, restart_stopped):
       # Without a started engine the excepthook that prefixes tracebacks
       # with "[rank N]" is not installed: the message says which rank.
       rank = _output.rank_from_env()
-      error_buf = ctypes.create_string_buffer(options_lib.name_horovod_sources(
-          error_buf.value.decode(errors="replace")).encode())
-      _state.start_error = error_buf.value.decode(errors="replace")
-      _raise_for_code(code, error_buf,
+      _state.start_error = options_lib.name_horovod_sources(
+          error_buf.value.decode(errors="replace"))
+      _raise_for_code(code, ctypes.create_string_buffer(
+                          _state.start_error.encode()),
                       "init" if rank is None else f"init (rank {rank})",
                       " failed")
     _state.options = resolved

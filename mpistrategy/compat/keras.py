@@ -289,33 +289,45 @@ def patch_symbolic_build():
   cls._maybe_symbolic_build = _maybe_symbolic_build  # pylint: disable=protected-access
 
 
-def patch_compile():
-  # Patched where it is defined (Keras' Trainer base class), as
-  # `keras2_spellings` does; functools.wraps keeps Keras' `_is_default`.
+def wrap_model_compile(make):
+  """Replaces Keras' `Model.compile` with `make(current compile)`.
+
+  Patched where it is defined (Keras' Trainer base class), which Keras
+  compares against to tell an overridden `compile()` (`load_model`);
+  functools.wraps copies Keras' `_is_default` mark, which says it is not
+  overridden.  Each patch of `compile` goes through here.
+
+  Args:
+    make: takes the current `compile`, returns its replacement.
+  """
   owner = next(k for k in _tfp.keras_model.Model.__mro__
                if "compile" in k.__dict__)
   original = owner.__dict__["compile"]
+  setattr(owner, "compile", functools.wraps(original)(make(original)))
 
-  @functools.wraps(original)
-  def compile(self, *args, **kwargs):  # pylint: disable=redefined-builtin
-    strategy = getattr(self, "_distribute_strategy", None)
-    current = tf.distribute.get_strategy()
-    if (strategy is None and getattr(current, "_is_mpi_strategy", False) and
-        hasattr(self, "_distribute_strategy")):
-      # Keras would fail in fit's first optimizer update, with a bare
-      # AssertionError on two or more ranks.
-      raise ValueError(
-          f"{type(self).__name__}.compile() inside MPIStrategy's scope, but "
-          "the model was created outside it: its variables are ordinary "
-          "ones that the strategy cannot update. Create the model inside "
-          "the scope too (`with strategy.scope(): model = build_model(); "
-          "model.compile(...)`).")
-    if not _is_multi_process(strategy) or tf.distribute.has_strategy():
-      return original(self, *args, **kwargs)
-    with strategy.scope():
-      return original(self, *args, **kwargs)
 
-  setattr(owner, "compile", compile)
+def patch_compile():
+  def make(original):
+    def compile(self, *args, **kwargs):  # pylint: disable=redefined-builtin
+      strategy = getattr(self, "_distribute_strategy", None)
+      current = tf.distribute.get_strategy()
+      if (strategy is None and getattr(current, "_is_mpi_strategy", False)
+          and hasattr(self, "_distribute_strategy")):
+        # Keras would fail in fit's first optimizer update, with a bare
+        # AssertionError on two or more ranks.
+        raise ValueError(
+            f"{type(self).__name__}.compile() inside MPIStrategy's scope, "
+            "but the model was created outside it: its variables are "
+            "ordinary ones that the strategy cannot update. Create the model "
+            "inside the scope too (`with strategy.scope(): model = "
+            "build_model(); model.compile(...)`).")
+      if not _is_multi_process(strategy) or tf.distribute.has_strategy():
+        return original(self, *args, **kwargs)
+      with strategy.scope():
+        return original(self, *args, **kwargs)
+    return compile
+
+  wrap_model_compile(make)
 
 
 def _is_multi_process(strategy):
@@ -397,12 +409,12 @@ def _check_same_input_everywhere(adapter):
   calls = _naming.entry_points()
   call = calls[-1] if calls else "Model.fit"
 
-  def shown(value, unit):
-    return f"{value} {unit}" if value >= 0 else f"unknown {unit}"
+  def shown(value):
+    return str(value) if value >= 0 else "unknown"
 
   shapes = "; ".join(
-      f"rank {r}: batch_size {b if b >= 0 else 'unknown'}, "
-      f"{shown(n, 'batches')}" + (f", {rows} rows" if rows >= 0 else "")
+      f"rank {r}: batch_size {shown(b)}, {shown(n)} batches" +
+      (f", {rows} rows" if rows >= 0 else "")
       for r, (b, n, rows) in enumerate(everyone))
   raise ValueError(
       f"{call}: the ranks' inputs differ ({shapes}). "
@@ -598,7 +610,6 @@ def patch_entry_points(rank):
       setattr(cls, method, wrapper)
 
 
-
 def patch_auto_jit_compile_for_horovod():
   """`compile(jit_compile="auto")` is off for a `hvd.DistributedOptimizer`.
 
@@ -608,22 +619,18 @@ def patch_auto_jit_compile_for_horovod():
   step ("No registered 'MpiStrategyGroupedAllreduce' OpKernel for
   XLA_GPU_JIT devices").  An explicit `jit_compile=True` is left as asked.
   """
-  import keras  # pylint: disable=g-import-not-at-top
-  # Patched where it is defined (Keras' Trainer base class); wraps() keeps
-  # Keras' `_is_default` mark (see keras2_spellings).
-  owner = next(k for k in keras.Model.__mro__ if "compile" in k.__dict__)
-  original = owner.__dict__["compile"]
-  signature = inspect.signature(original)
+  def make(original):
+    signature = inspect.signature(original)
 
-  @functools.wraps(original)
-  def compile(self, *args, **kwargs):  # pylint: disable=redefined-builtin
-    bound = signature.bind_partial(self, *args, **kwargs)
-    arguments = bound.arguments
-    # The mixin's mark (horovod/tensorflow/gradients.py), without importing
-    # the Horovod layer here.
-    if (arguments.get("jit_compile", "auto") == "auto" and
-        hasattr(arguments.get("optimizer"), "_hvd_configure")):
-      arguments["jit_compile"] = False
-    return original(*bound.args, **bound.kwargs)
+    def compile(self, *args, **kwargs):  # pylint: disable=redefined-builtin
+      bound = signature.bind_partial(self, *args, **kwargs)
+      arguments = bound.arguments
+      # The mixin's mark (horovod/tensorflow/gradients.py), without
+      # importing the Horovod layer here.
+      if (arguments.get("jit_compile", "auto") == "auto" and
+          hasattr(arguments.get("optimizer"), "_hvd_configure")):
+        arguments["jit_compile"] = False
+      return original(*bound.args, **bound.kwargs)
+    return compile
 
-  setattr(owner, "compile", compile)
+  wrap_model_compile(make)

@@ -8,9 +8,9 @@ TF2 examples to broadcast the optimizer state, returns the same list as
 `experimental_run_tf_function`.
 """
 
-import functools
-
 import keras
+
+from mpistrategy.compat import keras as compat_keras
 
 
 class _CallableList(list):
@@ -47,16 +47,10 @@ def accept_experimental_run_tf_function():
   Horovod's Keras examples pass False) is accepted and ignored: Keras 3
   always applies gradients through the optimizer, so a
   `hvd.DistributedOptimizer` is always used."""
-  # Patched where it is defined (Keras' Trainer base class), which Keras
-  # compares against to tell an overridden compile() (load_model).
-  owner = next(k for k in keras.Model.__mro__ if "compile" in k.__dict__)
-  original = owner.__dict__["compile"]
+  def make(original):
+    def compile(self, *args, experimental_run_tf_function=None, **kwargs):  # pylint: disable=redefined-builtin
+      del experimental_run_tf_function
+      return original(self, *args, **kwargs)
+    return compile
 
-  # functools.wraps also copies Keras' `_is_default` mark, which tells
-  # load_model that compile() is not overridden.
-  @functools.wraps(original)
-  def compile(self, *args, experimental_run_tf_function=None, **kwargs):  # pylint: disable=redefined-builtin
-    del experimental_run_tf_function
-    return original(self, *args, **kwargs)
-
-  setattr(owner, "compile", compile)
+  compat_keras.wrap_model_compile(make)
